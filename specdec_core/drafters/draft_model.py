@@ -1,0 +1,64 @@
+"""A separate draft model with its own KV cache (Leviathan et al. 2023; Chen et al. 2023).
+
+The draft samples k tokens autoregressively from q (the same temperature/top-k/top-p as the target).
+Its cache is kept in step with the committed text by longest common prefix: after a rejection the
+rejected suffix is cropped away; after a full acceptance the last drafted token, which the draft sampled
+but never ran, is fed on the next proposal together with the bonus token.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..models import LM, check_compatible
+from ..sampling import probs, sample
+from . import DraftContext, Proposal
+
+
+class DraftModel:
+    name = "draft"
+    default_k = 4
+
+    def __init__(self, lm: LM, target: LM | None = None):
+        if target is not None and lm is not target:
+            check_compatible(target, lm)
+        self.lm = lm
+        self.cache, self.seen = None, []
+
+    def begin(self, prompt: list[int]) -> None:
+        self.cache, self.seen = self.lm.new_cache(), []
+
+    def _sync(self, tokens: list[int]) -> torch.Tensor:
+        """Crop the cache to the prefix it shares with `tokens` and run the rest (at least one token).
+
+        Returns the logits for the token after `tokens`."""
+        common = 0
+        for a, b in zip(self.seen, tokens):
+            if a != b:
+                break
+            common += 1
+        keep = min(common, len(tokens) - 1)  # always run at least one token to get fresh logits
+        drop = self.cache.get_seq_length() - keep
+        if drop > 0:
+            self.cache.crop(-drop)
+        self.seen = list(tokens)
+        return self.lm.forward(torch.tensor(tokens[keep:]), self.cache, last_only=True)[-1]
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        logits = self._sync(ctx.tokens)
+        out, qs = [], []
+        for i in range(ctx.k):
+            q = probs(logits, ctx.sp)                                # [V]
+            x = int(q.argmax()) if ctx.sp.greedy else int(sample(q, ctx.gen))
+            out.append(x)
+            qs.append(q)
+            if i < ctx.k - 1:
+                logits = self.lm.forward(torch.tensor([x]), self.cache)[-1]
+                self.seen.append(x)
+        return Proposal(torch.tensor(out, dtype=torch.long), torch.stack(qs) if qs else None,
+                        forwards=max(ctx.k, 1))
+
+    def feedback(self, ctx: DraftContext, n_accepted: int) -> None:
+        pass  # rollback happens lazily in _sync, against what was actually committed
+
+    def cache_len(self) -> int:
+        return self.cache.get_seq_length() if self.cache is not None else 0

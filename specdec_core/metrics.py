@@ -1,0 +1,62 @@
+"""Run metrics in vLLM's vocabulary, computed from the step records alone.
+
+acceptance rate = accepted / drafted; mean acceptance length = committed tokens / steps (bonus and
+resampled tokens counted, so plain decoding scores 1.0); TTFT = time to the first committed token,
+prefill included; TPOT = (total - TTFT) / (tokens - 1).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, asdict
+
+from .records import StepRecord
+
+
+@dataclass
+class RunMetrics:
+    tokens: int
+    total_s: float
+    ttft_s: float
+    tpot_s: float
+    tokens_per_s: float
+    steps: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float
+    mean_acceptance_length: float
+    per_position_acceptance: list[float]
+    accepted_histogram: dict[int, int]
+    target_forwards: int
+    draft_forwards: int
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}
+        return d
+
+
+def summarize(records: list[StepRecord]) -> RunMetrics:
+    if not records:
+        raise ValueError("no steps to summarize")
+    tokens = records[-1].n_generated
+    total = records[-1].elapsed
+    ttft = records[0].elapsed
+    drafted = sum(r.k for r in records)
+    accepted = sum(r.n_accepted for r in records)
+    kmax = max(r.k for r in records)
+    tried, ok = [0] * kmax, [0] * kmax
+    for r in records:
+        for i in range(r.k):
+            tried[i] += 1
+            ok[i] += i < r.n_accepted
+    return RunMetrics(
+        tokens=tokens, total_s=total, ttft_s=ttft,
+        tpot_s=(total - ttft) / (tokens - 1) if tokens > 1 else 0.0,
+        tokens_per_s=tokens / total if total > 0 else 0.0,
+        steps=len(records), drafted=drafted, accepted=accepted,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_acceptance_length=tokens / len(records),
+        per_position_acceptance=[o / t if t else 0.0 for o, t in zip(ok, tried)],
+        accepted_histogram=dict(Counter(r.n_accepted for r in records)),
+        target_forwards=records[-1].target_forwards, draft_forwards=records[-1].draft_forwards,
+    )

@@ -1,0 +1,66 @@
+"""Logits to probabilities: temperature, top-k, top-p, applied identically to target (p) and draft (q).
+
+Speculative sampling is exact only if p and q are the distributions actually sampled from, so every
+warp the user picks is applied to both (Leviathan et al. 2023, sec. 2.3; Chen et al. 2023, sec. 2).
+Temperature 0 is greedy: the distribution is the one-hot of the argmax, with no epsilon temperature.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, asdict
+
+import torch
+
+MAX_TEMPERATURE = 5.0
+
+
+class InputError(ValueError):
+    """Bad user input: the message says exactly what is wrong and what is allowed."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0        # 0 = off
+    top_p: float = 1.0    # 1 = off
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (0.0 <= self.temperature <= MAX_TEMPERATURE):
+            raise InputError(f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InputError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InputError(f"top-k must be >= 0 (0 turns it off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    """[..., V] logits -> [..., V] float32 probabilities under sp."""
+    logits = logits.float()
+    if sp.greedy:
+        out = torch.zeros_like(logits)
+        return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / sp.temperature
+    if sp.top_k and sp.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sp.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sp.top_p < 1.0:
+        srt, idx = torch.sort(logits, dim=-1, descending=True)
+        cum = torch.softmax(srt, -1).cumsum(-1)
+        # drop a token once the mass before it already reaches top_p; the top token always stays
+        drop = (cum - torch.softmax(srt, -1)) >= sp.top_p
+        logits = logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
+    return torch.softmax(logits, -1)
+
+
+def sample(p: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    """Draw one token id per row of [..., V] probabilities."""
+    flat = p.reshape(-1, p.shape[-1])
+    out = torch.multinomial(flat, 1, generator=gen).squeeze(-1)
+    return out.reshape(p.shape[:-1])
