@@ -1,0 +1,70 @@
+"""The lesson's six workloads, each with prompts written for this project.
+
+The expected benefit and its reason are the lesson's claims; the pages that measure them put our own
+figures beside them. Prompts are short so a CPU run finishes in seconds.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+PROMPT_DIR = Path(__file__).parent / "prompts"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    label: str
+    expected: str      # the lesson's expected benefit
+    why: str           # the lesson's reason, in our words
+    temperature: float  # the temperature this kind of traffic usually runs at
+    prompts: tuple[str, ...]
+    batch_size: int = 1
+
+
+def _load(name: str) -> tuple[str, ...]:
+    with open(PROMPT_DIR / f"{name}.jsonl") as f:
+        return tuple(json.loads(line)["prompt"] for line in f if line.strip())
+
+
+def load_jsonl(path: str | Path) -> list[dict]:
+    """Read a prompts file: one JSON object per line with a `prompt` field (and optionally `id`, `category`)."""
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+                raise ValueError(f"{path}:{n}: each line needs a non-empty string field 'prompt'")
+            row.setdefault("id", f"{Path(path).stem}-{n}")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no prompts in the file")
+    return rows
+
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in [
+    Workload("code", "Code completion, boilerplate", "High",
+             "syntax and idiom make the next token predictable, and code runs greedy or nearly so",
+             0.0, _load("code")),
+    Workload("json", "Structured output (JSON, forms, templates)", "High",
+             "braces, keys and delimiters are dictated by the format, so even a weak draft guesses them",
+             0.0, _load("json")),
+    Workload("extraction", "Extraction, editing, RAG answers quoting sources", "High",
+             "the answer copies spans of the context, the easiest text to draft; prompt lookup shines here",
+             0.0, _load("extraction")),
+    Workload("chat", "Low-temperature factual chat", "Moderate",
+             "peaked distributions keep acceptance decent, but prose forks more often than code",
+             0.3, _load("chat")),
+    Workload("creative", "High-temperature creative writing", "Low",
+             "hot sampling flattens both distributions, so drafts rarely match what the target samples",
+             1.2, _load("creative")),
+    Workload("batch", "Throughput-saturated batch serving", "Low, possibly negative",
+             "a full batch already spends the idle compute speculation would use, so verification competes "
+             "with other requests", 0.0, _load("chat") + _load("code"), batch_size=32),
+]}
