@@ -1,0 +1,181 @@
+"""Command line: generate, bench, train. `python -m specdec_core --help`.
+
+generate prints the text (or, with --json, one JSON object as the last stdout line); bench decodes every prompt
+of a JSONL file with the baseline and each drafter side by side in one process and reports speedups.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .drafters import NAMES, DrafterUnavailable, make
+from .engine import run
+from .models import BUNDLED, LM, ModelError, load
+from .sampling import InputError, SamplingParams
+
+USER_ERRORS = (InputError, ModelError, DrafterUnavailable, ValueError, FileNotFoundError)
+
+
+def _common(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=BUNDLED, help="target: 'bundled', a local directory or a hub id")
+    ap.add_argument("--draft-model", default=None, help="draft for --drafter draft ('bundled', directory, hub id)")
+    ap.add_argument("--k", type=int, default=None, help="draft length (default: the drafter's own)")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+    ap.add_argument("--dtype", default=None, help="bf16 | fp32 | fp16 (default: picked for the device)")
+    ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m specdec_core", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="decode one prompt")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-file")
+    g.add_argument("--drafter", default="lookup", help=f"one of {', '.join(NAMES)}")
+    g.add_argument("--steps", action="store_true", help="print every verification step")
+    _common(g)
+    b = sub.add_parser("bench", help="baseline vs drafters on a prompt file, side by side")
+    b.add_argument("--prompts", required=True, help="JSONL, one {\"prompt\": ...} per line")
+    b.add_argument("--drafter", action="append", required=True, help="repeatable")
+    b.add_argument("--hf", action="store_true",
+                   help="also time transformers' generate, plain and with its prompt lookup (k=10)")
+    b.add_argument("--repeat", type=int, default=1, help="decode each prompt this many times per drafter")
+    _common(b)
+    t = sub.add_parser("train", help="train a draft source for the bundled target", add_help=False)
+    t.add_argument("kind", choices=["draft", "early-exit", "medusa"])
+    return ap
+
+
+def _models(args) -> tuple[LM, LM | None]:
+    target = load(args.model, dtype=args.dtype, device=args.device)
+    draft = None
+    if args.draft_model:
+        draft = target if args.draft_model == args.model else load(args.draft_model, dtype=args.dtype,
+                                                                     device=args.device)
+    return target, draft
+
+
+def _sp(args) -> SamplingParams:
+    return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+
+
+def cmd_generate(args) -> int:
+    prompt = args.prompt if args.prompt is not None else open(args.prompt_file).read()
+    if not prompt.strip():
+        raise InputError("the prompt is empty: give some text with --prompt or --prompt-file")
+    sp = _sp(args)
+    target, draft_lm = _models(args)
+    drafter = make(args.drafter, target, draft_lm)
+    ids = target.encode(prompt, raw=args.raw)
+    out, recs, m = run(target, drafter, ids, sp=sp, k=args.k, max_new_tokens=args.max_new_tokens)
+    text = target.tokenizer.decode(out, skip_special_tokens=True)
+    if args.steps:
+        for r in recs:
+            marks = " ".join(f"{p.piece!r}:{p.verdict[0]}" for p in r.positions)
+            print(f"step {r.index:3d}  drafted {r.k:2d}  accepted {r.n_accepted:2d}  {r.final_kind:9s} "
+                  f"{r.final_piece!r}  [{marks}]", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"token_ids": out, "text": text, "drafter": drafter.name,
+                          "k": drafter.default_k if args.k is None else args.k,
+                          "model": {"name": target.name, "dtype": str(target.dtype).removeprefix("torch."),
+                                    "device": str(target.device)},
+                          "sampling": sp.to_dict(), "metrics": m.to_dict()}))
+    else:
+        print(text)
+        print(f"\n[{drafter.name}] {m.tokens} tokens in {m.total_s:.2f} s: {m.tokens_per_s:.1f} tok/s, "
+              f"TTFT {m.ttft_s * 1000:.0f} ms, TPOT {m.tpot_s * 1000:.1f} ms, steps {m.steps}, "
+              f"acceptance {m.acceptance_rate:.1%}, mean acceptance length {m.mean_acceptance_length:.2f}",
+              file=sys.stderr)
+    return 0
+
+
+def _hf_generate(target: LM, ids, max_new: int, lookup: bool) -> tuple[int, float, list[int]]:
+    import torch
+    kw = {"prompt_lookup_num_tokens": 10} if lookup else {}
+    x = ids.view(1, -1).to(target.device)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
+                                    do_sample=False, pad_token_id=target.tokenizer.eos_token_id, **kw)
+    el = time.perf_counter() - t
+    new = out[0, x.shape[1]:].tolist()
+    return len(new), el, new
+
+
+def cmd_bench(args) -> int:
+    import pandas as pd
+    from tqdm import tqdm
+    from .workloads import load_jsonl
+    rows_in = load_jsonl(args.prompts)
+    sp = _sp(args)
+    for d in args.drafter:
+        if d not in NAMES:
+            raise DrafterUnavailable(f"unknown drafter {d!r}; choose from {', '.join(NAMES)}")
+    target, draft_lm = _models(args)
+    drafters = {"none": make("none", target)} | {d: make(d, target, draft_lm) for d in args.drafter if d != "none"}
+    warm = target.encode("Hello")
+    for dr in drafters.values():  # first calls pay one-off costs (allocator, kernels); keep them out of the figures
+        run(target, dr, warm, sp=sp, max_new_tokens=8)
+    if args.hf:
+        _hf_generate(target, warm, 8, False), _hf_generate(target, warm, 8, True)
+    out = []
+    for row in tqdm(rows_in * args.repeat, desc="bench", file=sys.stderr):
+        ids = target.encode(row["prompt"], raw=args.raw)
+        base = None
+        for name, dr in drafters.items():
+            toks, recs, m = run(target, dr, ids, sp=sp, k=args.k, max_new_tokens=args.max_new_tokens,
+                                detail=False)
+            base = base or (m, toks)
+            r = {"id": row["id"], "category": row.get("category", ""), "drafter": name,
+                 "k": max((rc.k for rc in recs), default=0), **m.to_dict(),
+                 "speedup": m.tokens_per_s / base[0].tokens_per_s,
+                 "same_tokens_as_baseline": toks == base[1] if sp.greedy else None}
+            out.append(r)
+        if args.hf:
+            for name, lk in (("hf-generate", False), ("hf-prompt-lookup", True)):
+                n, el, toks = _hf_generate(target, ids, args.max_new_tokens, lk)
+                out.append({"id": row["id"], "category": row.get("category", ""), "drafter": name, "k": 10 * lk,
+                            "tokens": n, "total_s": el, "tokens_per_s": n / el,
+                            "speedup": (n / el) / base[0].tokens_per_s,
+                            "same_tokens_as_baseline": toks == base[1] if sp.greedy else None})
+        if args.json:
+            for r in out[-(len(drafters) + 2 * args.hf):]:
+                print(json.dumps(r), flush=True)
+    df = pd.DataFrame(out)
+    agg = df.groupby("drafter", sort=False).agg(
+        prompts=("id", "count"), tokens=("tokens", "sum"), seconds=("total_s", "sum"),
+        mean_tok_s=("tokens_per_s", "mean"), mean_speedup=("speedup", "mean"))
+    if "acceptance_rate" in df:
+        agg = agg.join(df.groupby("drafter", sort=False).agg(
+            acceptance_rate=("acceptance_rate", "mean"), mean_acc_len=("mean_acceptance_length", "mean"),
+            same_tokens=("same_tokens_as_baseline", "mean")))
+    agg["tok_s"] = agg.tokens / agg.seconds
+    agg["speedup_vs_none"] = agg.tok_s / agg.loc["none", "tok_s"]
+    print(f"\nmodel {target.name} ({str(target.dtype).removeprefix('torch.')}, {target.device}); "
+          f"temperature {sp.temperature}; max new tokens {args.max_new_tokens}; prompts {args.prompts}",
+          file=sys.stderr if args.json else sys.stdout)
+    print(agg.round(3).to_string(), file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:
+        args, rest = parser().parse_known_args(argv)
+        from .training import main as train_main
+        return train_main(args.kind, rest)
+    args = parser().parse_args(argv)
+    try:
+        return {"generate": cmd_generate, "bench": cmd_bench}[args.cmd](args)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
