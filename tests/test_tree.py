@@ -1,0 +1,235 @@
+"""Tree drafting: the compiler by hand, exactness of tree verification by chi-square, medusa end to end."""
+from __future__ import annotations
+
+import bisect
+import itertools
+import random
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec_core import verify_tree as vt
+from specdec_core.tree import TreeError, best_tree, chain_tree, compile_tree
+from specdec_core.verify_tree import verify_tree
+
+SMALL = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+
+
+# ---------------------------------------------------------------- compiler
+
+def test_compile_by_hand():
+    t = compile_tree(list(reversed(SMALL)))        # declaration order must not matter
+    assert t.paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+    assert t.size == 7 and t.max_depth == 3
+    assert t.depth.tolist() == [0, 1, 1, 2, 2, 2, 3]
+    assert t.parent.tolist() == [-1, 0, 0, 1, 1, 2, 3]
+    assert t.rank.tolist() == [-1, 0, 1, 0, 1, 0, 0]
+    rows = {0: {0}, 1: {0, 1}, 2: {0, 2}, 3: {0, 1, 3}, 4: {0, 1, 4}, 5: {0, 2, 5}, 6: {0, 1, 3, 6}}
+    want = torch.zeros(7, 7, dtype=torch.bool)
+    for i, js in rows.items():
+        want[i, list(js)] = True
+    assert torch.equal(t.mask, want)
+    assert t.retrieve.tolist() == [[0, 1, 4, -1], [0, 2, 5, -1], [0, 1, 3, 6]]
+    assert t.children == ((1, 2), (3, 4), (5,), (6,), (), (), ())
+    assert t.width == [2, 2, 1]
+    assert t.path_to(6) == [1, 3, 6] and t.path_to(0) == []
+    ranked = torch.tensor([[10, 11], [20, 21], [30, 31]])
+    assert t.tokens(99, ranked).tolist() == [99, 10, 11, 20, 21, 20, 30]
+    assert t.pruned(2).paths == ((0,), (1,), (0, 0), (0, 1), (1, 0))
+    assert chain_tree(3).paths == ((0,), (0, 0), (0, 0, 0))
+
+
+@pytest.mark.parametrize("paths, msg", [
+    ([(0,), (0, 0), (1, 1)], "no parent"),
+    ([(0,), (0,)], "declared twice"),
+    ([(0,), (-1,)], "integers >= 0"),
+    ([()], "non-empty"),
+    ([(0,), (0.5,)], "integers >= 0"),
+])
+def test_compile_rejects_bad_trees(paths, msg):
+    with pytest.raises(TreeError, match=msg):
+        compile_tree(paths)
+
+
+def test_tokens_needs_enough_candidates():
+    with pytest.raises(TreeError, match="needs 3 positions x 2 candidates"):
+        compile_tree(SMALL).tokens(0, torch.zeros(2, 2, dtype=torch.long))
+
+
+def test_best_tree_is_prefix_closed_and_greedy():
+    acc = [[0.6, 0.2, 0.1], [0.5, 0.2], [0.4]]
+    paths = best_tree(acc, 6)
+    compile_tree(paths)                        # prefix-closed, or this raises
+    # reach probabilities: (0,) .6, (1,) .2, (0,0) .3, (0,1) .12, (2,) .1, (0,0,0) .12, (1,0) .1
+    assert paths[:3] == [(0,), (0, 0), (1,)]
+    assert set(paths[3:5]) == {(0, 1), (0, 0, 0)}
+
+
+# ---------------------------------------------------------------- exactness on synthetic distributions
+
+V, L = 5, 3   # vocabulary, length of the committed prefix whose joint law is tested (V**L cells)
+
+
+def _dist(key: tuple, salt: str, temp: float) -> torch.Tensor:
+    """A fixed pseudo-random distribution over V tokens for each context `key`."""
+    g = torch.Generator().manual_seed(zlib.crc32(repr((salt, key)).encode()))
+    return torch.softmax(torch.randn(V, generator=g, dtype=torch.float64) * 2.0 / temp, -1).float()
+
+
+def _draw(cdf: list[float], u: float) -> int:
+    return min(bisect.bisect_right(cdf, u * cdf[-1]), len(cdf) - 1)
+
+
+class Synth:
+    """Target p(.|ctx) and a draft q(.|ctx) that half agrees with it, on a tiny vocabulary, memoized."""
+
+    def __init__(self, temp: float):
+        self.temp, self.memo = temp, {}
+
+    def p(self, ctx) -> torch.Tensor:
+        if ("p", ctx) not in self.memo:
+            self.memo["p", ctx] = _dist(ctx, "p", self.temp)
+        return self.memo["p", ctx]
+
+    def q(self, ctx) -> list[float]:
+        if ("q", ctx) not in self.memo:
+            self.memo["q", ctx] = (0.5 * self.p(ctx) + 0.5 * _dist(ctx, "q", 1.0)).tolist()
+        return self.memo["q", ctx]
+
+    def cdf(self, ctx) -> list[float]:
+        if ("c", ctx) not in self.memo:
+            self.memo["c", ctx] = list(itertools.accumulate(self.p(ctx).tolist()))
+        return self.memo["c", ctx]
+
+    def joint(self, ctx) -> np.ndarray:
+        """Exact law of the next L tokens under ancestral sampling from p."""
+        out = np.zeros([V] * L)
+        for seq in itertools.product(range(V), repeat=L):
+            pr = 1.0
+            for i in range(L):
+                pr *= float(self.p(ctx + seq[:i])[seq[i]])
+            out[seq] = pr
+        return out
+
+
+def _ranked(s: Synth, tree, ctx):
+    """Medusa-like heads: position d's candidates are ranked once, from the root, along q's greedy chain."""
+    key = ("r", tree.paths, ctx)
+    if key not in s.memo:
+        rows, c = [], ctx
+        for _ in range(tree.max_depth):
+            q = s.q(c)
+            rows.append(sorted(range(V), key=lambda x: -q[x]))
+            c = c + (rows[-1][0],)
+        toks = tree.tokens(ctx[-1], torch.tensor(rows))
+        s.memo[key] = toks, _node_p(s, tree, ctx, toks.tolist())
+    return s.memo[key]
+
+
+def _node_p(s: Synth, tree, ctx, toks):
+    prefix = [ctx]
+    for j in range(1, tree.size):
+        prefix.append(prefix[int(tree.parent[j])] + (toks[j],))
+    return torch.stack([s.p(c) for c in prefix])
+
+
+def _draft(s: Synth, tree, ctx, mode: str, rng: random.Random):
+    """Node tokens, the q each was drawn from (None = deterministic), and p after each node."""
+    if mode == "ranked":
+        toks, p = _ranked(s, tree, ctx)
+        return toks, None, p
+    T = tree.size
+    toks, prefix, q = [ctx[-1]] + [0] * (T - 1), [ctx] + [()] * (T - 1), [[0.0] * V for _ in range(T)]
+    for j in range(T):
+        base = s.q(prefix[j])
+        left = list(base)
+        for c in tree.children[j]:
+            dist = base if mode == "iid" else [x / sum(left) for x in left]   # wor: siblings drawn without replacement
+            toks[c] = _draw(list(itertools.accumulate(dist)), rng.random())
+            prefix[c] = prefix[j] + (toks[c],)
+            q[c] = dist
+            left[toks[c]] = 0.0
+    return torch.tensor(toks), torch.tensor(q), torch.stack([s.p(c) for c in prefix])
+
+
+def _run_trials(paths, mode, temp, n, seed=0):
+    tree = compile_tree(paths)
+    s = Synth(temp)
+    ctx = (0,)
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    counts = np.zeros([V] * L)
+    lengths = []
+    for _ in range(n):
+        toks, q, p = _draft(s, tree, ctx, mode, rng)
+        v = verify_tree(p, toks, tree, gen, q)
+        seq = [int(toks[c]) for c in v.path] + [v.token]
+        lengths.append(len(seq))
+        while len(seq) < L:                     # the following steps, drawn from the target directly
+            seq.append(_draw(s.cdf(ctx + tuple(seq)), rng.random()))
+        counts[tuple(seq[:L])] += 1
+    return counts, s.joint(ctx), float(np.mean(lengths))
+
+
+def _pvalue(counts, probs) -> float:
+    n = counts.sum()
+    exp = probs.ravel() / probs.sum() * n
+    obs = counts.ravel()
+    small = exp < 5                             # pool sparse cells so the chi-square approximation holds
+    exp = np.append(exp[~small], exp[small].sum())
+    obs = np.append(obs[~small], obs[small].sum())
+    return float(chisquare(obs, exp).pvalue)
+
+
+WIDE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0)]
+DEEP = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0)]
+CASES = [  # every tree shape, every way of drawing siblings, both temperatures
+    (SMALL, "ranked", 0.7), (WIDE, "ranked", 1.2), (DEEP, "ranked", 1.2),
+    (WIDE, "iid", 0.7), (DEEP, "iid", 1.2), (SMALL, "wor", 1.2), (DEEP, "wor", 0.7),
+]
+
+
+@pytest.mark.parametrize("paths, mode, temp", CASES)
+def test_tree_verification_is_exact(paths, mode, temp):
+    counts, probs, mean_len = _run_trials(paths, mode, temp, n=100_000)
+    pv = _pvalue(counts, probs)
+    assert pv > 1e-3, f"committed tokens do not follow the target (chi-square p = {pv:.2e})"
+    assert mean_len > 1.2, "the test tree should accept drafted tokens often"
+
+
+def test_broken_rule_is_caught(monkeypatch):
+    """Forgetting to remove a rejected sibling's mass (no residual update) must fail the same test."""
+    monkeypatch.setattr(vt, "residual", lambda r, q: r)
+    counts, probs, _ = _run_trials(WIDE, "ranked", 1.2, n=100_000)
+    assert _pvalue(counts, probs) < 1e-6
+
+
+def test_sibling_order_matters_for_iid_without_residual(monkeypatch):
+    """A second broken rule: SpecInfer's i.i.d. siblings tested against p instead of the residual."""
+    monkeypatch.setattr(vt, "residual", lambda r, q: r)
+    counts, probs, _ = _run_trials(WIDE, "iid", 1.2, n=100_000, seed=1)
+    assert _pvalue(counts, probs) < 1e-6
+
+
+def test_greedy_tree_commits_the_argmax_chain():
+    """One-hot p: the accepted path must be exactly the argmax chain, and the final token its argmax."""
+    s = Synth(1.0)
+    tree = compile_tree(DEEP)
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        ctx = (trial % V, trial // V)
+        toks, _, p = _draft(s, tree, ctx, "ranked", None)
+        greedy = torch.zeros_like(p).scatter_(1, p.argmax(1, keepdim=True), 1.0)
+        v = verify_tree(greedy, toks, tree, gen)
+        seq = [int(toks[c]) for c in v.path] + [v.token]
+        want, c = [], ctx
+        for _ in range(len(seq)):
+            want.append(int(s.p(c).argmax()))
+            c = c + (want[-1],)
+        assert seq == want
+        # and it went as deep as the tree allowed: a child equal to the argmax is never rejected
+        node = v.path[-1] if v.path else 0
+        assert all(int(toks[k]) != want[len(v.path)] for k in tree.children[node])
