@@ -21,6 +21,7 @@ from .metrics import RunMetrics, summarize
 from .models import LM
 from .records import Candidate, Committed, Position, StepRecord
 from .sampling import InputError, SamplingParams, probs
+from .tree_step import tree_step
 from .verify import one_hot, verify_chain
 
 MAX_K = 64
@@ -65,7 +66,8 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
 
     t0 = time.perf_counter()
     cache = target.new_cache()
-    head = target.forward(torch.tensor(prompt), cache, last_only=True)  # [1, V] logits for the first token
+    prefill = getattr(drafter, "prefill", None)  # drafters that read the target's hidden state run it (medusa)
+    head = prefill(target, prompt, cache) if prefill else target.forward(torch.tensor(prompt), cache, last_only=True)
     pending: int | None = None          # committed token not yet run through the target
     tokens, generated = list(prompt), []
     fwd_t, fwd_d, step = 1, 0, 0
@@ -83,19 +85,25 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
 
         # 2. score: p for each drafted position and one beyond
         t2 = time.perf_counter()
-        if pending is None:   # first step: the prefill already gave the first position's logits
-            logits = torch.cat([head, target.forward(draft, cache)]) if m else head
+        if m and prop.tree is not None and pending is not None:   # a candidate tree: tree_step.py
+            draft, p, q, v = tree_step(target, drafter, prop, cache, pending, sp, gen)  # score+verify+compact
+            m = draft.numel()
+            fwd_t += 1
+            t3 = time.perf_counter()
         else:
-            logits = target.forward(torch.tensor([pending] + draft.tolist()), cache)
-        fwd_t += int(pending is not None or m > 0)
-        V = logits.shape[-1] if prop is None or prop.q is None else max(logits.shape[-1], prop.q.shape[-1])
-        p = _pad(probs(logits, sp), V)                                               # [m+1, V]
+            if pending is None:   # first step: the prefill already gave the first position's logits
+                logits = torch.cat([head, target.forward(draft, cache)]) if m else head
+            else:
+                logits = target.forward(torch.tensor([pending] + draft.tolist()), cache)
+            fwd_t += int(pending is not None or m > 0)
+            V = logits.shape[-1] if prop is None or prop.q is None else max(logits.shape[-1], prop.q.shape[-1])
+            p = _pad(probs(logits, sp), V)                                               # [m+1, V]
 
-        # 3. verify
-        t3 = time.perf_counter()
-        draft = draft.to(dev)
-        q = _pad(prop.q[:m].to(dev), V) if m and prop.q is not None else one_hot(draft, V)  # [m, V]
-        v = verify_chain(p, q, draft, gen)
+            # 3. verify
+            t3 = time.perf_counter()
+            draft = draft.to(dev)
+            q = _pad(prop.q[:m].to(dev), V) if m and prop.q is not None else one_hot(draft, V)  # [m, V]
+            v = verify_chain(p, q, draft, gen)
 
         # 4. commit / rollback
         t4 = time.perf_counter()

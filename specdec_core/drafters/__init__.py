@@ -29,6 +29,7 @@ class Proposal:
     q: torch.Tensor | None = None            # [m, V] distributions they were drawn from; None = one-hot
     forwards: int = 0                        # draft-model forward passes spent
     info: dict = field(default_factory=dict)  # drafter-specific extras for the animation
+    tree: object = None                      # a tree.Tree: tokens are its nodes after the root (tree_step.py)
 
 
 @runtime_checkable
@@ -68,11 +69,21 @@ def make(name: str, target, draft_lm=None, **kw) -> Drafter:
         return PromptLookup(**kw)
     if name == "draft":
         if draft_lm is None:
+            from .distilled import available, load_draft
+            if available(target):  # the bundled target ships its own distilled draft
+                return DraftModel(load_draft(target), target)
             raise DrafterUnavailable("drafter 'draft' needs a draft model: pass --draft-model SPEC "
                                      "(a hub id or local directory with the target's vocabulary); "
                                      "no trained draft ships for this target yet")
         return DraftModel(draft_lm, target)
-    if name in ("early-exit", "medusa"):
-        raise DrafterUnavailable(f"drafter {name!r} is not available yet: it needs trained weights for this "
-                                 "target, which are not shipped in this version")
+    if name == "medusa":
+        from .medusa import Medusa
+        return Medusa(target, **kw)
+    if name == "early-exit":
+        from .early_exit import EarlyExit, load_exit, WEIGHTS as EE_WEIGHTS
+        from ..models import BUNDLED_NAME
+        if target.name != BUNDLED_NAME or not (EE_WEIGHTS / "early-exit.safetensors").exists():
+            raise DrafterUnavailable("drafter 'early-exit' has trained weights only for the bundled target; "
+                                     "run `python -m specdec_core train early-exit` to produce them")
+        return EarlyExit(target, load_exit(), **kw)
     raise DrafterUnavailable(f"unknown drafter {name!r}; choose one of: {', '.join(NAMES)}")

@@ -1,0 +1,137 @@
+"""Medusa heads: extra decoding heads on the target's last hidden state propose a tree of candidates.
+
+Cai et al., "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads" (2024).
+
+The target's own LM head turns the hidden state h_t of the newest position into the next token (the pending
+token, the tree's root). Head i (i = 0..D-1) is one residual block, h + SiLU(W_i h + b_i), followed by the
+target's shared (frozen) LM head, and predicts the token i + 2 positions ahead. The block starts at zero, so
+an untrained head copies the LM head. Heads are trained by self-distillation: KL to the target's own
+distributions on the target's own answers (training: `python -m specdec_core train medusa`).
+
+Candidates are deterministic: position d of the tree gets head d-1's top-ranked tokens, arranged by the tree
+declared as data (tree.py). Verification is exact whatever the heads say (verify_tree.py); this module only
+decides how often the target agrees. The hidden state comes from the verification forward of the previous
+step (tree_step.py hands it over), or from the prefill on the first step, so drafting costs no extra target
+forward: only D small blocks and D LM-head rows.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..tree import Tree, compile_tree
+from . import DraftContext, DrafterUnavailable, Proposal
+
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "medusa.safetensors"
+MANIFEST = WEIGHTS.with_name("medusa.manifest.json")
+
+# Used only when no manifest tree is given (e.g. untrained heads in tests); training writes a measured one.
+DEFAULT_TREE = [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (0, 0, 0), (0, 0, 1),
+                (0, 1, 0), (1, 0, 0), (0, 0, 0, 0)]
+
+
+class Heads(nn.Module):
+    """D residual blocks on the hidden state, stacked into one batched matmul."""
+
+    def __init__(self, hidden: int, n_heads: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(n_heads, hidden, hidden))   # zero: each head starts as the LM head
+        self.b = nn.Parameter(torch.zeros(n_heads, hidden))
+
+    @property
+    def n_heads(self) -> int:
+        return self.w.shape[0]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h [N, H] -> [D, N, H], the LM head's input for each head."""
+        h = h.to(self.w.dtype)
+        return h + F.silu(torch.einsum("dij,nj->dni", self.w, h) + self.b[:, None])
+
+
+def head_logits(heads: Heads, lm_head: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """h [N, H] -> [D, N, V] float32 logits through the target's shared LM head."""
+    x = heads(h)
+    return lm_head(x.to(lm_head.weight.dtype)).float()
+
+
+def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
+    """The shipped heads and their manifest."""
+    from safetensors.torch import load_file
+    if not path.exists():
+        raise DrafterUnavailable(f"no Medusa heads at {path.name}: train them with "
+                                 "`python -m specdec_core train medusa`")
+    sd = load_file(str(path))
+    man_path = path.with_name(path.stem + ".manifest.json")
+    manifest = json.loads(man_path.read_text()) if man_path.exists() else {}
+    w = sd["w"]
+    heads = Heads(w.shape[-1], w.shape[0])
+    heads.load_state_dict({k: v.float() for k, v in sd.items()})
+    return heads.eval(), manifest
+
+
+class Medusa:
+    name = "medusa"
+
+    def __init__(self, target, heads: Heads | None = None, tree=None, manifest: dict | None = None):
+        if heads is None:
+            heads, manifest = load_heads()
+        manifest = manifest or {}
+        hidden = int(target.model.config.hidden_size)
+        if heads.w.shape[-1] != hidden:
+            raise DrafterUnavailable(f"the Medusa heads were trained for hidden size {heads.w.shape[-1]}, "
+                                     f"this target has {hidden}: train heads for it")
+        want = manifest.get("target")
+        if want and want != target.name:
+            raise DrafterUnavailable(f"the Medusa heads were trained for {want!r}, not {target.name!r}")
+        paths = tree if tree is not None else [tuple(p) for p in manifest.get("tree", DEFAULT_TREE)]
+        self.tree: Tree = paths if isinstance(paths, Tree) else compile_tree(paths)
+        if self.tree.max_depth > heads.n_heads:
+            raise DrafterUnavailable(f"tree depth {self.tree.max_depth} needs {self.tree.max_depth} heads, "
+                                     f"the weights have {heads.n_heads}")
+        self.target, self.manifest = target, manifest
+        self.heads = heads.to(target.device)
+        self.lm_head = target.model.get_output_embeddings()
+        self.default_k = self.tree.max_depth
+        self._cut: dict[int, Tree] = {}
+        self.h, self.h_len, self._prompt = None, -1, None
+
+    # -- state: the final hidden state of the newest token the target has run, and how many tokens that was
+
+    def prefill(self, target, prompt: list[int], cache) -> torch.Tensor:
+        """The engine's prefill, keeping the last hidden state: prompt -> logits [1, V] for the first token."""
+        from ..tree_step import _cache_kw
+        dec = target.model.get_decoder()
+        with torch.inference_mode():
+            out = dec(input_ids=torch.tensor([prompt], device=target.device), use_cache=True,
+                      **{_cache_kw(dec): cache})
+            h = out.last_hidden_state[0, -1]
+            logits = self.lm_head(h[None]).float()
+        self.h, self.h_len, self._prompt = h, len(prompt), list(prompt)
+        return logits
+
+    def begin(self, prompt: list[int]) -> None:
+        if self._prompt != list(prompt):   # no prefill of ours for this run: draft nothing until a tree step
+            self.h, self.h_len = None, -1
+        self._prompt = None
+
+    def observe(self, h: torch.Tensor, n_accepted: int) -> None:
+        """From tree_step: the hidden state of the last accepted node (the root when none was)."""
+        self.h, self.h_len = h, self.h_len + 1 + n_accepted
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        # the root (pending token) must be the one drawn from self.h: exactly one token after it
+        if self.h is None or len(ctx.tokens) != self.h_len + 1 or ctx.k < 1:
+            return Proposal(torch.empty(0, dtype=torch.long))
+        tree = self._cut.setdefault(ctx.k, self.tree.pruned(ctx.k)) if ctx.k < self.tree.max_depth else self.tree
+        with torch.inference_mode():
+            logits = head_logits(self.heads, self.lm_head, self.h[None])[:tree.max_depth, 0]  # [D, V]
+            ranked = torch.topk(logits, max(tree.width), dim=-1).indices.cpu()              # [D, W]
+        nodes = tree.tokens(ctx.tokens[-1], ranked)
+        return Proposal(nodes[1:], tree=tree, info={"heads": tree.max_depth})
+
+    def feedback(self, ctx: DraftContext, n_accepted: int) -> None:
+        pass  # the state moves in observe(), from the verification forward itself
