@@ -1,0 +1,1 @@
+"""The Streamlit front end: it asks the engine for StepRecords and draws them; it never calls a model itself."""

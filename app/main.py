@@ -1,0 +1,28 @@
+"""specdec: watch speculative decoding work, one verification step at a time.
+
+Entry point (`make run`): page config, the shared sidebar, and st.navigation over the pages in pages/.
+Leviathan et al., "Fast Inference from Transformers via Speculative Decoding" (ICML 2023);
+Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023).
+"""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ on the path, not the project
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import runs, sidebar, view  # noqa: E402
+
+st.set_page_config(page_title="specdec: speculative decoding, step by step", page_icon=":material/bolt:", layout="wide")
+st.html(view.CSS)
+
+nav = st.navigation([
+    st.Page(ROOT / "pages" / "step.py", title="Step by step", icon=":material/slow_motion_video:", default=True, url_path="step"),
+    st.Page(ROOT / "pages" / "race.py", title="Race", icon=":material/sports_score:", url_path="race"),
+    st.Page(ROOT / "pages" / "lesson.py", title="How it works", icon=":material/school:", url_path="lesson"),
+])
+runs.settle()
+sidebar.build()
+nav.run()

@@ -1,0 +1,141 @@
+"""Between the pages and the engine: settings, cached models, and runs that live in one browser session.
+
+Models sit behind st.cache_resource, loaded once per server process and shared by every tab; they hold
+no per-session state (each run builds its own drafter and KV caches). A run's records live in
+st.session_state, so tabs never see each other's runs. Every failure a user can cause comes back as a
+plain-words message (UserError), never a traceback.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import streamlit as st
+
+from specdec_core import IncompatibleModels, InputError, ModelError, SamplingParams, engine, load
+from specdec_core import drafters
+from specdec_core.metrics import RunMetrics, summarize
+from specdec_core.records import StepRecord
+
+BUNDLED = "bundled"
+
+
+class UserError(Exception):
+    """Something the person can fix; the message is shown as is."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    drafter: str = "lookup"
+    draft_model: str = BUNDLED
+    k: int = 4
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 48
+    prompt: str = ""
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=float(self.temperature), top_p=float(self.top_p), seed=int(self.seed))
+
+    def summary(self) -> str:
+        d = self.drafter + (f" ({self.draft_model})" if self.drafter == "draft" else "")
+        k = f" · k = {self.k}" if self.drafter != "none" else ""
+        return (f"{d}{k} · temperature {self.temperature:g} · top-p {self.top_p:g} · seed {self.seed} · "
+                f"up to {self.max_new_tokens} tokens")
+
+
+@dataclass
+class Run:
+    """One generation in one session: the records so far and, once measured, the plain baseline."""
+    settings: Settings
+    prompt_ids: list[int]
+    prompt_text: str = ""            # the prompt as the model sees it (chat template included)
+    records: list[StepRecord] = field(default_factory=list)
+    status: str = "running"          # running | done | stopped
+    baseline: RunMetrics | None = None
+
+    @property
+    def metrics(self) -> RunMetrics | None:
+        return summarize(self.records) if self.records else None
+
+
+@st.cache_resource(show_spinner="Loading the model: once per server, about 20 seconds…", max_entries=4)
+def model(spec: str):
+    return load(spec)
+
+
+def target():
+    try:
+        return model(BUNDLED)
+    except ModelError as e:
+        raise UserError(f"The bundled model could not be loaded: {e}") from e
+
+
+def make_drafter(s: Settings, tgt):
+    """The drafter for these settings; a draft model is loaded (cached) only for the `draft` drafter."""
+    draft_lm = None
+    if s.drafter == "draft":
+        spec = (s.draft_model or "").strip()
+        if not spec:
+            raise UserError("The draft model is empty: type `bundled` (the target drafts for itself), "
+                            "a local model directory or a hub id.")
+        try:
+            draft_lm = tgt if spec == BUNDLED else model(spec)
+        except ModelError as e:
+            raise UserError(f"The draft model could not be loaded. {e}") from e
+    try:
+        return drafters.make(s.drafter, tgt, draft_lm=draft_lm)
+    except IncompatibleModels as e:
+        raise UserError(f"These two models cannot be paired: {e}. Speculative decoding compares p and q "
+                        "token by token, so the draft must share the target's vocabulary.") from e
+    except drafters.DrafterUnavailable as e:
+        raise UserError(f"The drafter {s.drafter!r} cannot run: {e}") from e
+
+
+def check_prompt(text: str) -> None:
+    if not text or not text.strip():
+        raise UserError("The prompt is empty: type some text in the sidebar or pick a preset.")
+
+
+def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
+    """Validate everything first (so errors come before any output), then return the run and its stream."""
+    check_prompt(s.prompt)
+    tgt = target()
+    drafter = make_drafter(s, tgt)
+    try:
+        sp = s.sampling()
+        ids = tgt.encode(s.prompt).tolist()
+        k = 0 if s.drafter == "none" else int(s.k)
+        engine.check_run_args(k, int(s.max_new_tokens))
+    except InputError as e:
+        raise UserError(str(e)[:1].upper() + str(e)[1:] + ".") from e
+    run = Run(s, ids, tgt.tokenizer.decode(ids))
+    return run, engine.decode(tgt, drafter, ids, sp=sp, k=k, max_new_tokens=int(s.max_new_tokens))
+
+
+def baseline(s: Settings, prompt_ids: list[int]) -> list[StepRecord]:
+    """Plain decoding (the `none` drafter) on the same prompt and settings: the speedup's denominator."""
+    tgt = target()
+    return list(engine.decode(tgt, drafters.make("none", tgt), prompt_ids, sp=s.sampling(), k=0,
+                              max_new_tokens=int(s.max_new_tokens)))
+
+
+def friendly(e: BaseException) -> str:
+    """A message for an error no check anticipated: its kind and first line, no traceback."""
+    if isinstance(e, UserError):
+        return str(e)
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"Something went wrong ({type(e).__name__}){': ' + first if first else ''}. Try other settings."
+
+
+RUN_KEYS = ("run", "race_plain", "race_spec")
+
+
+def settle() -> None:
+    """Called at the top of every full script run: a run still marked running was cut off by a rerun
+    (the Stop button, or any control touched mid-run), so it ends there, keeping the steps it made."""
+    for key in RUN_KEYS:
+        r = st.session_state.get(key)
+        if r is not None and r.status == "running":
+            r.status = "stopped"

@@ -1,0 +1,110 @@
+"""The sidebar shared by every page: prompt (free text or a workload preset), drafter, draft model, k,
+temperature, top-p, seed and max new tokens. Values live in st.session_state under fixed keys, so they
+survive page switches, and each browser tab has its own."""
+from __future__ import annotations
+
+import streamlit as st
+
+from specdec_core import drafters
+from specdec_core.sampling import MAX_TEMPERATURE
+
+from .runs import BUNDLED, Settings
+
+try:
+    from specdec_core.workloads import WORKLOADS
+except ImportError:  # an older core without presets: free text only
+    WORKLOADS = {}
+
+CUSTOM = "custom"
+# batch serving is a throughput story; a one-request demo cannot show it
+PRESETS = {n: w for n, w in WORKLOADS.items() if n != "batch" and w.prompts}
+DEFAULT_WORKLOAD = "extraction" if "extraction" in PRESETS else next(iter(PRESETS), CUSTOM)
+FALLBACK_PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox"
+
+DEFAULTS = dict(drafter="lookup", draft_model=BUNDLED, k=4, top_p=1.0, seed=0, max_new_tokens=48,
+                workload=DEFAULT_WORKLOAD, example=0)
+
+
+def init_state() -> None:
+    ss = st.session_state
+    for key, val in DEFAULTS.items():
+        ss.setdefault(key, val)
+    if "prompt" not in ss:
+        w = PRESETS.get(ss.workload)
+        ss.prompt = w.prompts[0] if w else FALLBACK_PROMPT
+        ss.temperature = float(w.temperature) if w else 0.0
+    ss.setdefault("temperature", 0.0)
+
+
+def load_preset(name: str, example: int = 0) -> None:
+    """Put a workload's prompt and suggested temperature into the controls (a callback: before widgets)."""
+    ss = st.session_state
+    w = PRESETS.get(name)
+    ss.workload = name if w else CUSTOM
+    if w:
+        ss.example = max(0, min(example, len(w.prompts) - 1))
+        ss.prompt = w.prompts[ss.example]
+        ss.temperature = float(w.temperature)
+
+
+def _on_workload() -> None:
+    load_preset(st.session_state.workload, 0)
+
+
+def _on_example() -> None:
+    w = PRESETS.get(st.session_state.workload)
+    if w:
+        st.session_state.prompt = w.prompts[st.session_state.example]
+
+
+def _on_prompt_edit() -> None:
+    w = PRESETS.get(st.session_state.workload)
+    if w and st.session_state.prompt != w.prompts[st.session_state.example]:
+        st.session_state.workload = CUSTOM
+
+
+def build() -> Settings:
+    init_state()
+    ss = st.session_state
+    sb = st.sidebar
+    sb.markdown("### Prompt")
+    names = [CUSTOM] + list(PRESETS)
+    sb.selectbox("Workload preset", names, key="workload", on_change=_on_workload,
+                 format_func=lambda n: "Your own text" if n == CUSTOM else
+                 f"{PRESETS[n].label} · expected benefit: {PRESETS[n].expected}",
+                 help="Each preset loads a prompt from one of the lesson's workloads and its usual temperature.")
+    w = PRESETS.get(ss.workload)
+    if w:
+        if ss.example >= len(w.prompts):
+            ss.example = 0
+        sb.selectbox("Example", list(range(len(w.prompts))), key="example", on_change=_on_example,
+                     format_func=lambda i: f"{i + 1}. {w.prompts[i][:60]}…" if len(w.prompts[i]) > 60
+                     else f"{i + 1}. {w.prompts[i]}")
+        sb.caption(f"Why: {w.why}.")
+    sb.text_area("Prompt text", key="prompt", height=140, on_change=_on_prompt_edit,
+                 help="Sent to the model through its chat template, as a user message.")
+
+    sb.markdown("### Drafter")
+    sb.selectbox("Drafter", list(drafters.NAMES), key="drafter",
+                 format_func=lambda n: f"{n}: plain decoding" if n == "none" else n)
+    sb.caption(drafters.DESCRIPTIONS.get(ss.drafter, ""))
+    sb.text_input("Draft model", key="draft_model", disabled=ss.drafter != "draft",
+                  help="For the `draft` drafter: `bundled` lets the target draft for itself (at temperature 0 "
+                       "every draft is accepted), or a local model directory / hub id with the same vocabulary.")
+    sb.slider("k: tokens drafted per step", 1, 12, key="k", disabled=ss.drafter == "none")
+
+    sb.markdown("### Sampling")
+    sb.slider("Temperature", 0.0, min(2.0, MAX_TEMPERATURE), step=0.05, key="temperature",
+              help="0 is greedy: the target always takes its most likely token.")
+    sb.slider("Top-p", 0.05, 1.0, step=0.05, key="top_p", help="1 keeps the whole distribution.")
+    c1, c2 = sb.columns(2)
+    c1.number_input("Seed", 0, 2**31 - 1, step=1, key="seed")
+    c2.number_input("Max new tokens", 1, 512, step=8, key="max_new_tokens")
+    return current()
+
+
+def current() -> Settings:
+    ss = st.session_state
+    return Settings(drafter=ss.drafter, draft_model=ss.draft_model, k=int(ss.k),
+                    temperature=float(ss.temperature), top_p=float(ss.top_p), seed=int(ss.seed),
+                    max_new_tokens=int(ss.max_new_tokens), prompt=ss.prompt)

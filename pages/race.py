@@ -1,0 +1,144 @@
+"""Race: the same prompt decoded plainly and speculatively, side by side, with the clock and the target's
+forward passes counted. The two runs are measured one after the other on this machine (running them at
+once would make them share the CPU), then replayed together on one clock."""
+import dataclasses
+import time
+
+import streamlit as st
+
+from app import runs, sidebar, view
+
+SPEEDS = [0.1, 0.25, 0.5, 1.0]
+TICK_S = 0.1
+
+ss = st.session_state
+ss.setdefault("race_speed", 0.25)
+
+st.title("Race: plain vs speculative decoding")
+st.markdown(
+    "Both runs decode the **same prompt** with the **same settings**; the only difference is the drafter. "
+    "Every forward pass of the big target model costs about the same, so the fewer passes, the sooner "
+    "the text is done. They are measured one after the other, then replayed here on a shared clock.")
+
+s = sidebar.current()
+plain_s = dataclasses.replace(s, drafter="none")
+if s.drafter == "none":
+    st.info("The drafter in the sidebar is `none`, so both lanes are plain decoding. Pick `lookup` or `draft` "
+            "to see speculation win (or lose).")
+c1, c2 = st.columns([1, 4], vertical_alignment="center")
+clicked = c1.button("Start the race", type="primary", key="race", icon=":material/sports_score:")
+c2.caption(s.summary())
+
+LANES = (("race_plain", "Plain decoding", "the target alone, one token per forward pass"),
+         ("race_spec", "Speculative decoding", None))
+
+
+def race() -> None:
+    ss.pop("race_error", None)
+    try:  # validate both lanes before either starts
+        plain, plain_stream = runs.start(plain_s)
+        spec, spec_stream = runs.start(s)
+    except Exception as e:
+        ss.race_error = runs.friendly(e)
+        return
+    ss.race_plain, ss.race_spec = plain, spec
+    holder = st.empty()
+    cols = holder.container().columns(2)
+    for col, run, stream, name in ((cols[0], plain, plain_stream, "plain"), (cols[1], spec, spec_stream,
+                                                                             "speculative")):
+        with col:
+            prog = st.progress(0.0, text=f"Decoding {name}…")
+            live = st.empty()
+        try:
+            for rec in stream:
+                run.records.append(rec)
+                prog.progress(min(1.0, rec.n_generated / s.max_new_tokens),
+                              text=f"{name}: {rec.n_generated} tokens, {rec.target_forwards} target passes, "
+                                   f"{rec.elapsed:.2f} s")
+                live.html(view.text_so_far(run.records, len(run.records) - 1))
+            run.status = "done"
+        except Exception as e:
+            run.status = "stopped"
+            ss.race_error = runs.friendly(e)
+            return
+    holder.empty()
+    ss.race_playing, ss.race_clock = True, time.monotonic()
+
+
+if clicked:
+    race()
+
+if ss.get("race_error"):
+    st.error(ss.race_error, icon=":material/error:")
+
+plain, spec = ss.get("race_plain"), ss.get("race_spec")
+if not (plain and spec and plain.records and spec.records):
+    if not ss.get("race_error"):
+        st.info("Press **Start the race**.")
+    st.stop()
+if "stopped" in (plain.status, spec.status):
+    st.warning("The race was interrupted before both runs finished; showing what was decoded.", icon=":material/stop_circle:")
+
+end_s = max(plain.records[-1].elapsed, spec.records[-1].elapsed)
+
+
+def _replay():
+    ss.race_playing, ss.race_clock = True, time.monotonic()
+
+
+def _finish():
+    ss.race_playing = False
+
+
+playing = bool(ss.get("race_playing"))
+
+
+@st.fragment(run_every=TICK_S if playing else None)
+def board():
+    if bool(ss.get("race_playing")) != playing:
+        st.rerun()
+    t = (time.monotonic() - ss.race_clock) * float(ss.race_speed) if playing else end_s
+    done = t >= end_s
+    b = st.columns([1, 1, 2, 4], vertical_alignment="center")
+    b[0].button("Replay", key="race_replay", icon=":material/replay:", on_click=_replay)
+    b[1].button("Finish", key="race_finish", icon=":material/last_page:", on_click=_finish)
+    b[2].select_slider("Replay speed", SPEEDS, key="race_speed", format_func=lambda x: f"{x:g}×")
+    b[3].markdown(f"### ⏱ {min(t, end_s):.2f} s")
+
+    cols = st.columns(2, gap="large")
+    for col, (key, title, sub) in zip(cols, LANES):
+        run = ss[key]
+        shown = [r for r in run.records if r.elapsed <= t]
+        last = shown[-1] if shown else None
+        finished = last is run.records[-1]
+        with col:
+            name = sub or f"drafter `{run.settings.drafter}`" + (f", k = {run.settings.k}"
+                                                                 if run.settings.drafter != "none" else "")
+            st.subheader((":material/trophy: " if finished and last.elapsed == min(plain.records[-1].elapsed,
+                                                                      spec.records[-1].elapsed) else "") + title)
+            st.caption(name)
+            m = st.columns(3)
+            m[0].metric("Time", f"{(last.elapsed if finished else t):.2f} s")
+            m[1].metric("Tokens", last.n_generated if last else 0)
+            m[2].metric("Target forward passes", last.target_forwards if last else 0)
+            st.progress(min(1.0, (last.n_generated if last else 0) / run.settings.max_new_tokens))
+            st.html(view.text_so_far(shown, len(shown) - 1) if shown else
+                    '<div class="strip text-so-far"><i>reading the prompt…</i></div>')
+    st.html(view.legend())
+    if done:
+        p, q = plain.metrics, spec.metrics
+        same = [c.token for r in plain.records for c in r.committed] == \
+               [c.token for r in spec.records for c in r.committed]
+        st.success(
+            f"Speculative decoding: **{q.tokens_per_s:.1f} tokens/s** against **{p.tokens_per_s:.1f}** plain, "
+            f"a speedup of **{q.tokens_per_s / p.tokens_per_s:.2f}×**, using {q.target_forwards} target forward "
+            f"passes instead of {p.target_forwards}. Acceptance rate {q.acceptance_rate:.0%}, "
+            f"{q.mean_acceptance_length:.2f} tokens per step."
+            + (" Both texts are identical, as they must be at temperature 0." if same and s.temperature == 0
+               else ""))
+        if playing:
+            ss.race_playing = False
+            st.rerun()
+
+
+board()

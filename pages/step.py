@@ -1,0 +1,230 @@
+"""Step by step: run speculative decoding once, then replay every verification step (draft, verify,
+result) with play, pause, step and scrub, at any speed, without running the model again."""
+import time
+
+import streamlit as st
+
+from app import captions, runs, sidebar, view
+from app import frames as F
+
+BASE_S = 0.9  # seconds per frame at 1x
+SPEEDS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0]
+
+ss = st.session_state
+ss.setdefault("speed", 1.0)
+
+st.title("Speculative decoding, step by step")
+st.markdown(
+    "A small, fast **drafter** guesses a few tokens ahead; the big **target** model checks all the guesses in "
+    "one forward pass and keeps the ones it agrees with. Press **Generate**, then watch each step: "
+    "the guesses appear, each is tested, and the text grows.")
+
+settings = sidebar.current()
+c1, c2 = st.columns([1, 4], vertical_alignment="center")
+go_clicked = c1.button("Generate", type="primary", key="generate", icon=":material/play_circle:")
+c2.caption(settings.summary())
+
+
+def generate(s: runs.Settings) -> None:
+    """Stream a run into this session's state, then measure the plain baseline for the speedup."""
+    ss.pop("step_error", None)
+    try:
+        run, stream = runs.start(s)
+    except Exception as e:  # every failure becomes a message on the page
+        ss.step_error = runs.friendly(e)
+        return
+    ss.run, ss.cursor = run, F.Cursor()
+    holder = st.empty()  # cleared when the run ends; the replay takes its place
+    with holder.container(border=True):
+        prog = st.progress(0.0, text="Decoding…")
+        st.button("Stop", key="stop", icon=":material/stop_circle:", help="Stop the run here; the steps made so far can still be replayed.")
+        live = st.empty()
+    try:
+        for rec in stream:
+            run.records.append(rec)
+            prog.progress(min(1.0, rec.n_generated / s.max_new_tokens),
+                          text=f"Step {rec.index + 1}: {rec.n_generated} of up to {s.max_new_tokens} tokens, "
+                               f"{rec.elapsed:.1f} s")
+            live.html(view.text_so_far(run.records, len(run.records) - 1))
+        run.status = "done"
+        if s.drafter == "none":
+            run.baseline = run.metrics
+        else:
+            prog.progress(1.0, text="Decoding the same prompt plainly (no drafter) to measure the speedup…")
+            run.baseline = F.summarize(runs.baseline(s, run.prompt_ids))
+    except Exception as e:
+        if run.status == "running":
+            run.status = "stopped"
+        ss.step_error = runs.friendly(e)
+    holder.empty()
+    if run.records:
+        ss.cursor = F.Cursor(playing=True)
+        ss.last_tick = time.monotonic()
+
+
+if go_clicked:
+    generate(settings)
+
+if ss.get("step_error"):
+    st.error(ss.step_error, icon=":material/error:")
+
+run: runs.Run | None = ss.get("run")
+if run is None or not run.records:
+    if not ss.get("step_error"):
+        st.info("Pick a prompt and a drafter in the sidebar (or keep the defaults) and press **Generate**.")
+    st.html(view.legend())
+    st.stop()
+
+if run.status == "stopped":
+    st.warning(f"Stopped after {len(run.records)} steps ({run.records[-1].n_generated} tokens); "
+               "the steps made so far can be replayed below.", icon=":material/stop_circle:")
+
+# ----- replay controls (callbacks change the cursor before the fragment redraws) -----
+recs = run.records
+ss.setdefault("cursor", F.Cursor())
+
+
+def _pause_then(fn):
+    def cb():
+        ss.cursor.playing = False
+        fn(ss.cursor)
+    return cb
+
+
+def _toggle_play():
+    cur = ss.cursor
+    if not cur.playing and cur.at_end(recs):
+        cur.step, cur.frame = 0, 0
+    cur.playing = not cur.playing
+    ss.last_tick = time.monotonic()
+
+
+def _to_rejection(cur):
+    i = F.next_rejection(recs, cur.step)
+    if i is not None:
+        cur.goto(recs, i)
+
+
+def _scrub():
+    ss.cursor.playing = False
+    ss.cursor.goto(recs, int(ss.scrub) - 1)
+
+
+interval = BASE_S / float(ss.speed) if ss.cursor.playing else None
+
+
+@st.fragment(run_every=interval)
+def player():
+    cur = ss.cursor.clamp(recs)
+    # play state or speed changed inside the fragment: rerun the page so run_every follows
+    if (interval is None) == cur.playing or (cur.playing and abs(BASE_S / float(ss.speed) - interval) > 1e-9):
+        st.rerun()
+    if cur.playing:
+        now = time.monotonic()
+        if now - ss.get("last_tick", 0.0) >= 0.8 * interval:
+            cur.advance(recs)
+            ss.last_tick = now
+
+    bar = st.container(horizontal=True, vertical_alignment="bottom", gap="small")
+    bar.button("First", key="first", icon=":material/first_page:", shortcut="Home",
+               on_click=_pause_then(lambda c: c.goto(recs, 0, whole=False)), help="The first step, from its start")
+    bar.button("Back", key="back", icon=":material/skip_previous:", shortcut="PageUp",
+               on_click=_pause_then(lambda c: c.goto(recs, c.step - 1)), help="The previous step, shown whole")
+    bar.button("Pause" if cur.playing else "Play", key="play", shortcut="P", type="primary",
+               icon=":material/pause:" if cur.playing else ":material/play_arrow:", on_click=_toggle_play,
+               help="Animate phase by phase, step after step")
+    bar.button("Next", key="next", icon=":material/skip_next:", shortcut="PageDown",
+               on_click=_pause_then(lambda c: c.goto(recs, c.step + 1)), help="The next step, shown whole")
+    bar.button("Last", key="last", icon=":material/last_page:", shortcut="End",
+               on_click=_pause_then(lambda c: c.goto(recs, len(recs) - 1)), help="The last step, shown whole")
+    bar.button("Phase", key="phase_back", icon=":material/chevron_left:", shortcut="Left",
+               on_click=_pause_then(lambda c: c.retreat(recs)), help="One phase back: draft, verify, result")
+    bar.button("Phase", key="phase_next", icon=":material/chevron_right:", icon_position="right",
+               shortcut="Right", on_click=_pause_then(lambda c: c.advance(recs)),
+               help="One phase forward: draft, verify, result")
+    bar.button("Next rejection", key="next_rejection", icon=":material/report:", shortcut="J",
+               on_click=_pause_then(_to_rejection), disabled=F.next_rejection(recs, cur.step) is None,
+               help="Jump to the next step where the target rejected a draft")
+    bar.select_slider("Speed", SPEEDS, key="speed", format_func=lambda x: f"{x:g}×", width=220)
+
+    if len(recs) > 1:
+        ss.scrub = cur.step + 1
+        st.slider("Step", 1, len(recs), key="scrub", on_change=_scrub)
+
+    rec = recs[cur.step]
+    fr = F.frames(rec)[cur.frame]
+    st.html(view.phase_pills(fr))
+    st.subheader(f"Step {cur.step + 1} of {len(recs)} · {captions.phase_title(rec, fr)}")
+    st.markdown(f'<div class="bigcap">{captions.caption(rec, fr, run.settings.temperature == 0)}</div>',
+                unsafe_allow_html=True)
+
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        st.html(view.context_strip(run.prompt_text, recs, cur.step, fr))
+        if rec.k and fr.phase != F.DRAFT:
+            st.html(view.verify_table(rec, fr))
+        if rec.info:
+            _drafter_info(rec.info)
+    with right:
+        if fr.phase == F.VERIFY:
+            st.plotly_chart(view.pq_figure(rec.positions[fr.checked - 1], fr.checked - 1),
+                            key="chart")
+        elif fr.phase == F.RESULT:
+            st.plotly_chart(view.result_figure(rec), key="chart")
+        elif rec.k and rec.positions[fr.shown - 1].q_top:
+            pos = rec.positions[fr.shown - 1]
+            st.plotly_chart(view.bars([("q: draft", pos.q_top, view.Q_COLOR)], pos.token,
+                                      f"What the drafter believed for draft #{fr.shown}"),
+                            key="chart")
+        elif rec.k:
+            st.info("This drafter copies text, so it has no probabilities of its own: it is treated as "
+                    "certain, q = 1 for the token it copied and 0 for every other.")
+
+    st.markdown("##### The text so far")
+    st.html(view.text_so_far(recs, cur.step, include_last=fr.phase == F.RESULT))
+    st.html(view.legend())
+    st.caption("Hover over a token to see its probabilities.")
+    _metrics(cur.step if fr.phase == F.RESULT else cur.step - 1)
+
+    if cur.playing and cur.at_end(recs):
+        cur.playing = False
+        st.rerun()
+
+
+def _drafter_info(info: dict) -> None:
+    """Drafter-specific extras, shown when present (the n-gram match; a tree and its accepted path)."""
+    bits = []
+    if "ngram" in info:
+        bits.append(f"matched a {info['ngram']}-token n-gram at position {info.get('match_at', '?')}")
+    if "tree" in info:
+        tree = info["tree"]
+        bits.append(f"tree of {len(tree) if hasattr(tree, '__len__') else tree} candidate nodes")
+    if "accepted_path" in info:
+        bits.append(f"accepted path {info['accepted_path']}")
+    if bits:
+        st.caption("Drafter: " + "; ".join(bits) + ".")
+
+
+def _metrics(upto: int) -> None:
+    cols = st.columns(5)
+    if upto < 0:
+        for c, name in zip(cols, ["Acceptance rate", "Mean acceptance length", "Tokens/s", "Speedup vs plain",
+                                  "Target forward passes"]):
+            c.metric(name, "—")
+        return
+    m = F.running(recs, upto)
+    base = run.baseline
+    cols[0].metric("Acceptance rate", f"{m.acceptance_rate:.0%}" if m.drafted else "—",
+                   help="Accepted drafted tokens / drafted tokens, up to this step")
+    cols[1].metric("Mean acceptance length", f"{m.mean_acceptance_length:.2f}",
+                   help="Tokens committed per verification step (plain decoding: 1.00)")
+    cols[2].metric("Tokens/s", f"{m.tokens_per_s:.1f}", help="Up to this step, prompt processing included")
+    cols[3].metric("Speedup vs plain", f"{m.tokens_per_s / base.tokens_per_s:.2f}×" if base and
+                   base.tokens_per_s else "—",
+                   help="Tokens/s here over tokens/s of plain decoding on the same prompt and settings"
+                        + (f" ({base.tokens_per_s:.1f} tokens/s)" if base else " (not measured: stopped early)"))
+    cols[4].metric("Target forward passes", f"{m.target_forwards}", help=f"for {m.tokens} tokens",
+                   delta=f"{m.tokens - m.target_forwards:+d} vs one per token", delta_color="normal")
+
+
+player()

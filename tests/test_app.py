@@ -1,0 +1,262 @@
+"""The Streamlit app under streamlit.testing.v1.AppTest, on the real bundled model.
+
+Every page renders; a run completes and what the page shows is what the records say; stepping, scrubbing
+and autoplay change what is shown without running the model again; every user error is a message on the
+page, never a traceback; two sessions keep their own runs.
+"""
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app import frames as F
+from app.view import show
+from specdec_core import LM
+from specdec_core.drafters import NAMES
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = str(ROOT / "app" / "main.py")
+TIMEOUT = 240  # a cold model load plus a short run on a busy 2-core machine
+REPEAT = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat.\n\nRepeat the text exactly."
+
+
+def new_app(**controls) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception
+    return set_controls(at, **controls)
+
+
+def set_controls(at: AppTest, **controls) -> AppTest:
+    if "drafter" in controls:  # first: it enables the draft model and k
+        at.selectbox(key="drafter").set_value(controls.pop("drafter"))
+        at.run()
+    for key, val in controls.items():
+        if key == "prompt":
+            at.text_area(key="prompt").input(val)
+        elif key == "draft_model":
+            at.text_input(key=key).input(val)
+        elif key in ("max_new_tokens", "seed"):
+            at.number_input(key=key).set_value(val)
+        else:
+            at.slider(key=key).set_value(val)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def html(at: AppTest) -> str:
+    return "\n".join(h.proto.body for h in at.html) + "\n".join(m.value for m in at.markdown)
+
+
+def generate(at: AppTest) -> AppTest:
+    at.button(key="generate").click().run()
+    assert not at.exception, at.exception
+    return at
+
+
+@pytest.fixture(scope="module")
+def lookup_run():
+    """Prompt lookup at temperature 1.5: copied drafts meet a flat p, so rejections come in most steps."""
+    at = generate(new_app(drafter="lookup", k=4, temperature=1.5, seed=3, max_new_tokens=16, prompt=REPEAT))
+    return at
+
+
+def test_every_page_renders_before_a_run():
+    at = new_app()
+    assert at.title[0].value.startswith("Speculative decoding")
+    assert at.button(key="generate").label == "Generate"
+    assert [o.split(":")[0] for o in at.selectbox(key="drafter").options] == list(NAMES)
+    assert "tok-accepted" in html(at)  # the legend is there before any run
+    for page, title in (("race.py", "Race"), ("lesson.py", "How speculative decoding works")):
+        at.switch_page(f"../pages/{page}").run()
+        assert not at.exception
+        assert at.title[0].value.startswith(title)
+
+
+def test_a_run_completes_and_the_page_shows_its_records(lookup_run):
+    at = lookup_run
+    run = at.session_state.run
+    assert run.status == "done" and not at.error
+    assert run.records[-1].n_generated == 16 or run.records[-1].stop_reason == "eos"
+    assert run.baseline is not None and run.baseline.tokens == run.records[-1].n_generated
+    cur = at.session_state.cursor
+    assert (cur.step, cur.frame, cur.playing) == (0, 0, True)  # the replay starts playing at once
+    assert at.subheader[0].value.startswith(f"Step 1 of {len(run.records)}")
+
+
+def test_stepping_and_scrubbing_change_what_is_shown(lookup_run):
+    at = lookup_run
+    recs = at.session_state.run.records
+    assert len(recs) >= 3
+    at.button(key="next").click().run()
+    assert at.subheader[0].value.startswith(f"Step 2 of {len(recs)}")
+    assert not at.session_state.cursor.playing
+    shown = html(at)
+    # the whole step is shown: its committed tokens are in the text, each with its origin's colour
+    for c in recs[1].committed:
+        cls = {"draft": "tok-accepted", "resampled": "tok-resampled", "bonus": "tok-bonus",
+               "target": "tok-target"}[c.origin]
+        assert f'class="tok {cls}" title="' in shown and f'>{show(c.piece)}</span>' in shown
+    before = shown
+    at.button(key="phase_back").click().run()
+    assert html(at) != before
+    assert at.session_state.cursor.frame == len(F.frames(recs[1])) - 2
+    at.button(key="back").click().run()
+    assert at.subheader[0].value.startswith(f"Step 1 of {len(recs)}")
+    at.slider(key="scrub").set_value(3).run()
+    assert at.session_state.cursor.step == 2
+    assert at.subheader[0].value.startswith(f"Step 3 of {len(recs)}")
+    at.button(key="last").click().run()
+    assert at.subheader[0].value.startswith(f"Step {len(recs)} of {len(recs)}")
+    # the generated text at the last step is the run's text, token by token
+    pieces = [c.piece for r in recs for c in r.committed]
+    text = html(at).split('class="strip text-so-far">', 1)[1]
+    pos = 0
+    for p in pieces:
+        i = text.find(show(p), pos)
+        assert i >= 0, p
+        pos = i
+
+
+def test_a_rejection_is_drawn_red_with_the_resampled_token_orange(lookup_run):
+    at = lookup_run
+    recs = at.session_state.run.records
+    rejected = [r for r in recs if r.n_accepted < r.k]
+    assert rejected, "prompt lookup at temperature 1.5 should meet at least one rejection"
+    at.button(key="first").click().run()
+    at.button(key="next_rejection").click().run()
+    rec = recs[at.session_state.cursor.step]
+    assert rec.n_accepted < rec.k
+    shown = html(at)
+    bad = rec.positions[rec.n_accepted]
+    assert f'tok-rejected" title="draft #{rec.n_accepted + 1}' in shown and show(bad.piece) in shown
+    assert f'class="tok tok-resampled"' in shown and show(rec.final_piece) in shown
+    assert "Rejected" in at.subheader[0].value
+    assert at.get("plotly_chart"), "the residual distribution is charted"
+    # one phase back is the verify frame of the rejected draft: its p and q are in the caption
+    at.button(key="phase_back").click().run()
+    cap = html(at)
+    assert f"p = {bad.p:.2f}" in cap and f"u = {bad.u:.2f}" in cap and "rejected" in cap
+
+
+def test_autoplay_advances_and_pauses(lookup_run):
+    at = lookup_run
+    at.button(key="first").click().run()
+    at.button(key="play").click().run()
+    assert at.session_state.cursor.playing
+    f0 = (at.session_state.cursor.step, at.session_state.cursor.frame)
+    time.sleep(1.0)  # one frame at 1x is 0.9 s; the rerun plays the fragment's tick
+    at.run()
+    f1 = (at.session_state.cursor.step, at.session_state.cursor.frame)
+    assert f1 > f0
+    at.button(key="play").click().run()
+    assert not at.session_state.cursor.playing
+
+
+def test_the_bundled_model_drafting_for_itself_is_accepted_with_bonus_tokens():
+    at = generate(new_app(drafter="draft", draft_model="bundled", k=4, temperature=0.0, max_new_tokens=10,
+                          prompt="Write a Python function that adds two numbers."))
+    run = at.session_state.run
+    m = run.metrics
+    assert not at.error and run.status == "done"
+    assert m.acceptance_rate >= 0.9  # same model, same greedy choice (up to rare bf16 ties)
+    at.button(key="last").click().run()
+    metrics = {x.label: x.value for x in at.metric}
+    assert metrics["Acceptance rate"] == f"{m.acceptance_rate:.0%}"
+    assert metrics["Target forward passes"] == str(m.target_forwards)
+    assert m.target_forwards < m.tokens
+    assert any(r.final_kind == "bonus" for r in run.records) and "tok-bonus" in html(at)
+
+
+@pytest.mark.parametrize("drafter", NAMES)
+def test_every_drafter_either_runs_or_says_why(drafter):
+    at = generate(new_app(drafter=drafter, max_new_tokens=4, prompt="Say hello."))
+    run = at.session_state["run"] if "run" in at.session_state else None
+    if at.error:
+        assert run is None
+        assert drafter in at.error[0].value or "draft" in at.error[0].value
+    else:
+        assert run.status == "done" and run.records[-1].n_generated >= 1
+
+
+@pytest.mark.parametrize("controls, words", [
+    (dict(prompt="   "), "prompt is empty"),
+    (dict(drafter="draft", draft_model=" "), "draft model is empty"),
+    (dict(drafter="draft", draft_model="./no/such/model"), "does not exist"),
+])
+def test_user_errors_are_messages_not_tracebacks(controls, words):
+    at = generate(new_app(**controls))
+    assert len(at.error) == 1 and words in at.error[0].value
+    assert "Traceback" not in at.error[0].value
+    assert "run" not in at.session_state
+
+
+@pytest.fixture(scope="module")
+def foreign_model(tmp_path_factory):
+    """A tiny randomly initialised model with its own five-word vocabulary: it cannot draft for SmolLM2."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    d = tmp_path_factory.mktemp("foreign")
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(d)
+    cfg = LlamaConfig(vocab_size=5, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    return d
+
+
+def test_an_incompatible_pair_is_a_readable_message(foreign_model):
+    at = generate(new_app(drafter="draft", draft_model=str(foreign_model)))
+    assert len(at.error) == 1
+    msg = at.error[0].value
+    assert "cannot be paired" in msg and "vocabular" in msg
+
+
+def test_sessions_keep_their_own_runs_and_never_hold_a_model():
+    a = generate(new_app(drafter="lookup", max_new_tokens=6, prompt=REPEAT))
+    b = new_app(drafter="none", max_new_tokens=5, prompt="Name three colours.")
+    assert "run" not in b.session_state
+    generate(b)
+    ra, rb = a.session_state.run, b.session_state.run
+    assert ra is not rb and ra.settings.prompt == REPEAT and rb.settings.drafter == "none"
+    assert rb.records[-1].n_generated == 5 and ra.records[-1].n_generated <= 6
+    a.button(key="next").click().run()  # a's replay still works on a's own records
+    assert a.subheader[0].value.startswith(f"Step 2 of {len(ra.records)}")
+    for at in (a, b):
+        for v in at.session_state.to_dict().values():
+            assert not isinstance(v, LM)
+            assert not any(isinstance(x, LM) for x in getattr(v, "__dict__", {}).values())
+
+
+def test_race_counts_time_and_target_passes():
+    at = new_app(drafter="draft", draft_model="bundled", k=4, temperature=0.0, max_new_tokens=10,
+                 prompt="Write a Python function that adds two numbers.")
+    at.switch_page("../pages/race.py").run()
+    at.button(key="race").click().run()
+    assert not at.exception and not at.error
+    plain, spec = at.session_state.race_plain, at.session_state.race_spec
+    at.button(key="race_finish").click().run()
+    metrics = [(x.label, x.value) for x in at.metric]
+    passes = [v for k, v in metrics if k == "Target forward passes"]
+    assert passes == [str(plain.records[-1].target_forwards), str(spec.records[-1].target_forwards)]
+    assert plain.records[-1].target_forwards == plain.records[-1].n_generated  # one pass per token
+    assert spec.records[-1].target_forwards < plain.records[-1].target_forwards
+    # exactness end to end: at temperature 0 both lanes write the same tokens
+    assert [c.token for r in plain.records for c in r.committed] == \
+        [c.token for r in spec.records for c in r.committed]
+    assert "speedup" in at.success[0].value and "identical" in at.success[0].value
+
+
+def test_lesson_page_loads_a_workload_preset_into_the_sidebar():
+    from app.sidebar import PRESETS, WORKLOADS
+    at = new_app()
+    at.switch_page("../pages/lesson.py").run()
+    assert len(at.dataframe[0].value) == len(WORKLOADS)
+    name = list(PRESETS)[-1]
+    at.button(key=f"try_{name}").click().run()
+    assert at.text_area(key="prompt").value == PRESETS[name].prompts[0]
+    assert at.slider(key="temperature").value == pytest.approx(PRESETS[name].temperature)
