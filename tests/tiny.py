@@ -1,0 +1,76 @@
+"""Tiny random Llama models and a tokenizer stand-in, for tests that need exact distributions fast.
+
+With a vocabulary of a dozen tokens every distribution the engine samples from can be enumerated, so
+speculative sampling can be checked against the model's exact joint law (Leviathan et al. 2023, Thm. 1).
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec_core.models import LM
+
+V = 12
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+class TinyTok:
+    """Just what the engine and the vocabulary check read from a tokenizer: one letter per id."""
+    chat_template = None
+
+    def __init__(self, vocab: int = V, eos: int | None = None, pieces: list[str] | None = None,
+                 bos_token: str | None = None):
+        self.pieces = list(pieces or LETTERS[:vocab])
+        assert len(self.pieces) == vocab
+        self.eos_token_id = eos
+        self.eos_token = None if eos is None else self.pieces[eos]
+        self.bos_token, self.pad_token, self.unk_token = bos_token, None, None
+
+    def get_vocab(self) -> dict[str, int]:
+        return {s: i for i, s in enumerate(self.pieces)}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = ids.tolist() if torch.is_tensor(ids) else list(ids)
+        return "".join(self.pieces[i] for i in ids
+                       if not (skip_special_tokens and i == self.eos_token_id))
+
+    def __call__(self, text: str) -> dict:
+        ids = self.get_vocab()
+        return {"input_ids": [ids[c] for c in text]}
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+
+def tiny_lm(seed: int, vocab: int = V, layers: int = 2, eos: int | None = None, head_std: float = 0.3,
+            tok: TinyTok | None = None, device: str = "cpu", name: str | None = None) -> LM:
+    """A randomly initialised fp32 Llama, with weights large enough that p depends on the context
+    and is far from uniform (the default init gives nearly uniform, context-free distributions)."""
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      initializer_range=0.3, tie_word_embeddings=False,
+                      bos_token_id=None, eos_token_id=eos, pad_token_id=None)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, head_std)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.bos_token_id = model.generation_config.pad_token_id = None
+    model = model.to(device).eval()
+    return LM(model, tok or TinyTok(vocab, eos), name or f"tiny-{seed}", torch.float32, torch.device(device))
+
+
+@torch.inference_mode()
+def exact_joint(lm: LM, prompt: list[int], n: int, temperature: float = 1.0) -> torch.Tensor:
+    """The model's exact law of its next n tokens at `temperature`, by enumeration: a [V]*n tensor."""
+    vocab = lm.vocab_size
+    heads = torch.tensor(list(itertools.product(range(vocab), repeat=n - 1)), dtype=torch.long)
+    heads = heads.view(-1, n - 1)                                                   # [V^(n-1), n-1]
+    ctx = torch.cat([torch.tensor(prompt).expand(heads.shape[0], -1), heads], 1).to(lm.device)
+    logits = lm.model(ctx).logits.float()[:, len(prompt) - 1:].cpu()              # [B, n, V]
+    lp = torch.log_softmax(logits / temperature, -1)
+    # log p(x_1..x_n) = sum_i log p(x_i | prompt, x_<i); row b fixes x_1..x_{n-1} = heads[b]
+    head_lp = lp[:, :n - 1].gather(2, heads.unsqueeze(-1)).squeeze(-1).sum(1)     # [B]
+    return (head_lp[:, None] + lp[:, n - 1]).exp().view(*([vocab] * n))
