@@ -5,8 +5,10 @@
   early-exit  an exit (residual SwiGLU adapter + norm) after the target's first L layers, L chosen by
               measurement among --layers (LayerSkip, Elhoushi et al. 2024; Draft & Verify, Zhang et al. 2024)
 
-Data: the target's own answers to `distill.PROMPTS`, one greedy pass and one sampled at 0.7, with its
-top-64 log-probs at every answer position as soft targets (distill.py; cached under runs/distill/).
+Data: the target's own answers to `distill.PROMPTS` (greedy by default; `--temps 0,0.7` adds a sampled
+pass), with its top-64 log-probs at every answer position as soft targets (distill.py; cached under
+runs/distill/). Greedy answers are the contexts of the greedy benchmark, and the soft targets already carry
+the whole distribution at each position; on 2 shared cores a second, sampled pass cost more time than it bought.
 Each run is seeded, shows progress and loss, and writes WEIGHTS/<kind>.safetensors plus <kind>.manifest.json
 (data, steps, loss, measured acceptance on held-out prompts, draft cost, command, versions, sha256).
 """
@@ -35,9 +37,10 @@ WEIGHTS = Path(__file__).resolve().parent / "weights"
 def _args(kind: str, argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog=f"python -m specdec_core train {kind}",
                                  description=f"self-distil the `{kind}` drafter from the bundled target")
-    ap.add_argument("--steps", type=int, default=600 if kind == "draft" else 500)
+    ap.add_argument("--steps", type=int, default=150 if kind == "draft" else 100)
     ap.add_argument("--batch", type=int, default=8, help="sequences per step")
-    ap.add_argument("--lr", type=float, default=5e-4 if kind == "draft" else 1e-3)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--temps", default="0", help="temperatures of the target-answer passes (0 = greedy)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--n-prompts", type=int, default=None, help="use only the first N training prompts")
@@ -48,7 +51,7 @@ def _args(kind: str, argv: list[str]) -> argparse.Namespace:
         ap.add_argument("--init-layers", default="0,29", help="target layers the draft's layers start from")
         ap.add_argument("--k", type=int, default=4, help="draft length for the acceptance measurement")
     else:
-        ap.add_argument("--layers", default="6,10,14", help="candidate exit layers L, trained together")
+        ap.add_argument("--layers", default="10,16", help="candidate exit layers L, trained together")
         ap.add_argument("--hidden", type=int, default=1536, help="adapter width")
     a = ap.parse_args(argv)
     if a.steps < 1 or a.batch < 1 or a.lr <= 0:
@@ -79,11 +82,11 @@ def load_target(threads: int):
     return load("bundled", dtype="bf16", device="cpu")
 
 
-def data(lm, n_prompts=None) -> tuple[list[tuple], dict]:
-    """[(seq, answer_start, idx, logp)] from one greedy and one T=0.7 pass, and a description for the manifest."""
+def data(lm, n_prompts=None, temps=(0.0,)) -> tuple[list[tuple], dict]:
+    """[(seq, answer_start, idx, logp)] from one pass per temperature, and a description for the manifest."""
     rows, passes = [], []
     t0 = time.perf_counter()
-    for temp in (0.0, 0.7):
+    for temp in temps:
         info = distill.samples_info(lm, n_prompts=n_prompts, temperature=temp, seed=0)
         dists = distill.target_dists(lm, info["seqs"])
         for s, pl, (i, lp) in zip(info["seqs"], info["prompt_lens"], dists):
@@ -192,7 +195,7 @@ def train_draft(a, argv) -> int:
     t_start = time.perf_counter()
     torch.manual_seed(a.seed)
     lm = load_target(a.threads)
-    rows, desc = data(lm, a.n_prompts)
+    rows, desc = data(lm, a.n_prompts, [float(x) for x in a.temps.split(",")])
     layers = [int(x) for x in a.init_layers.split(",")]
     m = distilled.from_target(lm.model, layers).train()
     m.model.embed_tokens.weight.requires_grad_(False)  # shared with the target at load time: must not move
@@ -246,7 +249,7 @@ def train_early_exit(a, argv) -> int:
     t_start = time.perf_counter()
     torch.manual_seed(a.seed)
     lm = load_target(a.threads)
-    rows, desc = data(lm, a.n_prompts)
+    rows, desc = data(lm, a.n_prompts, [float(x) for x in a.temps.split(",")])
     cands = sorted({int(x) for x in a.layers.split(",")})
     model = lm.model
     exits = {L: ee.Exit.for_target(model, L, a.hidden).train() for L in cands}

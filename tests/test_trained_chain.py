@@ -1,0 +1,158 @@
+"""Trained chain drafters (distilled draft model, early exit): exactness, shipped weights, manifests, data."""
+import hashlib
+import json
+
+import pytest
+import torch
+
+from specdec_core import SamplingParams, load, run
+from specdec_core import distill
+from specdec_core.drafters import DrafterUnavailable, distilled, early_exit as ee, make
+from specdec_core.drafters.draft_model import DraftModel
+from specdec_core.models import LM
+from specdec_core.workloads import WORKLOADS
+
+WEIGHTS = ee.WEIGHTS
+KINDS = ["draft", "early-exit"]
+
+
+def _prompts(n):
+    out = []
+    for w in ("code", "json", "extraction", "chat", "creative"):
+        out += list(WORKLOADS[w].prompts[:2])
+    return out[:n]
+
+
+@pytest.fixture(scope="module")
+def bf16():
+    """The dtype the manifests were measured in."""
+    return load("bundled", dtype="bf16", device="cpu")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_equals_plain_decoding(bundled_fp32, kind, one_thread):
+    lm = bundled_fp32
+    drafter = make(kind, lm)
+    prompts = _prompts(10)
+    assert len(prompts) == 10
+    for p in prompts:
+        ids = lm.encode(p)
+        base, _, _ = run(lm, make("none", lm), ids, max_new_tokens=24, detail=False)
+        got, recs, m = run(lm, drafter, ids, max_new_tokens=24, detail=True)
+        assert got == base, p
+        assert m.drafted > 0
+        for r in recs:  # the same per-step records as any drafter
+            assert r.drafter == kind and len(r.positions) == len(r.drafted)
+            assert [c.token for c in r.committed][:r.n_accepted] == r.drafted[:r.n_accepted]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampled_runs_are_seeded_and_valid(bundled, kind, one_thread):
+    d = make(kind, bundled)
+    ids = bundled.encode("Give a JSON object with keys a and b.")
+    sp = SamplingParams(temperature=0.7, seed=3)
+    a, recs, _ = run(bundled, d, ids, sp=sp, max_new_tokens=16, detail=False)
+    b, _, _ = run(bundled, d, ids, sp=sp, max_new_tokens=16, detail=False)
+    assert a == b and len(a) == 16
+    assert all(0 <= t < bundled.vocab_size for t in a)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shipped_weights_match_manifest(kind):
+    man = json.loads((WEIGHTS / f"{kind}.manifest.json").read_text())
+    path = WEIGHTS / man["weights"]
+    blob = path.read_bytes()
+    assert len(blob) <= 20_000_000
+    assert hashlib.sha256(blob).hexdigest() == man["sha256"]
+    for key in ("command", "seed", "data", "steps", "final_loss", "acceptance", "versions", "train_seconds"):
+        assert key in man, key
+    assert man["command"].startswith(f"python -m specdec_core train {kind}")
+    assert man["train_seconds"] + man["data"]["load_seconds"] < 30 * 60
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_manifest_acceptance_reproduces(bf16, kind, one_thread):
+    """A short check: re-run three of the held-out prompts the manifest measured, greedy, same k."""
+    man = json.loads((WEIGHTS / f"{kind}.manifest.json").read_text())
+    acc = man["acceptance"]
+    d = make(kind, bf16)
+    for row in acc["per_prompt"][:3]:
+        _, recs, m = run(bf16, d, bf16.encode(row["prompt"]), k=acc["k"], max_new_tokens=acc["max_new_tokens"],
+                         detail=False)
+        assert m.mean_acceptance_length == pytest.approx(row["mean_acceptance_length"], rel=0.15), row["prompt"]
+
+
+def test_draft_is_an_ordinary_small_llama(bundled):
+    from transformers import LlamaForCausalLM
+    d = distilled.load_draft(bundled)
+    assert isinstance(d.model, LlamaForCausalLM)
+    cfg = json.loads((WEIGHTS / "draft.config.json").read_text())
+    assert d.model.config.num_hidden_layers == cfg["num_hidden_layers"] <= 4
+    assert d.model.config.vocab_size == bundled.vocab_size
+    # the embedding is the target's (not shipped), tied to the head
+    assert torch.equal(d.model.model.embed_tokens.weight, bundled.model.model.embed_tokens.weight)
+    assert d.model.lm_head.weight.data_ptr() == d.model.model.embed_tokens.weight.data_ptr()
+    assert isinstance(make("draft", bundled), DraftModel)
+
+
+def test_draft_needs_a_model_for_other_targets(bundled):
+    other = LM(bundled.model, bundled.tokenizer, "some other target", bundled.dtype, bundled.device)
+    with pytest.raises(DrafterUnavailable, match="needs a draft model"):
+        make("draft", other)
+    with pytest.raises(DrafterUnavailable, match="only for the bundled target"):
+        make("early-exit", other)
+
+
+def test_early_exit_shares_the_targets_weights(bundled):
+    n = len(bundled.model.model.layers)
+    norm = bundled.model.model.norm
+    d = make("early-exit", bundled)
+    assert 1 <= d.ex.layers < n
+    assert len(d.trunk.layers) == d.ex.layers
+    assert d.trunk.layers[0].self_attn.q_proj.weight.data_ptr() == \
+        bundled.model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    # building the trunk must leave the target whole
+    assert len(bundled.model.model.layers) == n and bundled.model.model.norm is norm
+    assert bundled.model.config.num_hidden_layers == n
+    with pytest.raises(Exception, match="1 <= L <"):
+        ee.trunk(bundled.model, n)
+
+
+def test_early_exit_cache_follows_committed_text(bundled, one_thread):
+    d = make("early-exit", bundled)
+    ids = bundled.encode("Write a Python function that adds two numbers.").tolist()
+    d.begin(ids)
+    from specdec_core.drafters import DraftContext
+    ctx = DraftContext(list(ids), len(ids), 3, SamplingParams(), None)
+    prop = d.propose(ctx)
+    assert d.cache_len() == len(ids) + 2  # the last drafted token was sampled, never run
+    # the target rejects the second draft: the cache is rolled back to the committed prefix on the next call
+    committed = ids + [int(prop.tokens[0]), (int(prop.tokens[1]) + 1) % bundled.vocab_size]
+    d.propose(DraftContext(committed, len(ids), 2, SamplingParams(), None))
+    assert d.cache_len() == len(committed) + 1
+    assert d.seen[:len(committed)] == committed
+
+
+def test_soft_targets_loss():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 50)
+    logp_full = torch.log_softmax(logits, -1)
+    v, i = torch.topk(logp_full, 8, -1)
+    # KL is zero when q = p, positive otherwise, and soft_ce - kl is p's (bucketed) entropy
+    assert distill.kl_top(logp_full, i, v).abs() < 1e-5
+    q = torch.log_softmax(torch.randn(5, 50), -1)
+    assert distill.kl_top(q, i, v) > 0.1
+    # with the whole vocabulary kept, kl_top is the exact KL
+    va, ia = torch.topk(logp_full, 50, -1)
+    exact = (logp_full.exp() * (logp_full - q)).sum(-1).mean()
+    assert distill.kl_top(q, ia, va) == pytest.approx(float(exact), abs=1e-4)
+
+
+def test_prompt_set_is_varied_and_disjoint_from_benchmarks():
+    assert len(distill.PROMPTS) >= 150 and len(set(distill.PROMPTS)) == len(distill.PROMPTS)
+    bench = {p for w in WORKLOADS.values() for p in w.prompts}
+    assert not bench & set(distill.PROMPTS) and not bench & set(distill.HELDOUT)
+    assert not set(distill.HELDOUT) & set(distill.PROMPTS)
+    low = [p.lower() for p in distill.PROMPTS]
+    for word in ("python", "json", "extract", "write a short", "describe", "what"):
+        assert sum(word in p for p in low) >= 5, word
