@@ -50,6 +50,15 @@ def parser() -> argparse.ArgumentParser:
                    help="also time transformers' generate, plain and with its prompt lookup (k=10)")
     b.add_argument("--repeat", type=int, default=1, help="decode each prompt this many times per drafter")
     _common(b)
+    s = sub.add_parser("sweep", help="acceptance and speedup against temperature, batch size or k")
+    s.add_argument("axis", choices=["temperature", "batch", "k"])
+    s.add_argument("--prompts", required=True, help="JSONL, one {\"prompt\": ...} per line")
+    s.add_argument("--drafter", required=True)
+    s.add_argument("--temperatures", default="0,0.6,1.2")
+    s.add_argument("--batch-sizes", default="1,8,32")
+    s.add_argument("--ks", default="1,2,4,8")
+    s.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    _common(s)
     t = sub.add_parser("train", help="train a draft source for the bundled target", add_help=False)
     t.add_argument("kind", choices=["draft", "early-exit", "medusa"])
     return ap
@@ -167,6 +176,58 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _floats(s: str, what: str) -> list[float]:
+    try:
+        return [float(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--{what} takes comma-separated numbers, got {s!r}") from None
+
+
+def cmd_sweep(args) -> int:
+    from tqdm import tqdm
+    from . import sweeps
+    from .workloads import load_jsonl
+    rows = load_jsonl(args.prompts)[:args.limit]
+    if args.drafter not in NAMES:
+        raise DrafterUnavailable(f"unknown drafter {args.drafter!r}; choose from {', '.join(NAMES)}")
+    target, draft_lm = _models(args)
+    make(args.drafter, target, draft_lm)  # fail early if it cannot run
+    prompts = [target.encode(r["prompt"], raw=args.raw) for r in rows]
+    if args.axis == "temperature":
+        vals = _floats(args.temperatures, "temperatures")
+        for t in vals:
+            SamplingParams(t)  # validate before any work
+        bar = tqdm(total=len(vals) * len(prompts), desc="sweep temperature", file=sys.stderr)
+        pts = sweeps.sweep_temperature(target, args.drafter, prompts, vals, k=args.k,
+                                       max_new_tokens=args.max_new_tokens, seed=args.seed, top_p=args.top_p,
+                                       draft_lm=draft_lm, tick=bar.update)
+    elif args.axis == "k":
+        vals = [int(x) for x in _floats(args.ks, "ks")]
+        bar = tqdm(total=len(vals) * len(prompts), desc="sweep k", file=sys.stderr)
+        pts = sweeps.sweep_k(target, args.drafter, prompts, vals, temperature=args.temperature,
+                             max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm, tick=bar.update)
+    else:
+        vals = [int(x) for x in _floats(args.batch_sizes, "batch-sizes")]
+        if any(b < 1 for b in vals):
+            raise InputError(f"batch sizes must be >= 1, got {vals}")
+        bar = tqdm(total=2 * len(vals), desc="sweep batch", file=sys.stderr)
+        pts = sweeps.sweep_batch(target, args.drafter, prompts, vals, k=args.k, temperature=args.temperature,
+                                 max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
+                                 tick=bar.update)
+    table = []
+    for p in pts:
+        table.append(p)
+        if args.json:
+            print(json.dumps(p), flush=True)
+    bar.close()
+    if not args.json:
+        import pandas as pd
+        key = {"temperature": "temperature", "k": "k", "batch": "batch_size"}[args.axis]
+        cols = [key, "acceptance_rate", "mean_acceptance_length", "tokens_per_s", "baseline_tokens_per_s", "speedup"]
+        print(pd.DataFrame(table)[cols].round(3).to_string(index=False))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:
@@ -175,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(args.kind, rest)
     args = parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench}[args.cmd](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep}[args.cmd](args)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
