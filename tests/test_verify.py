@@ -13,31 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specdec_core import verify
 from specdec_core.sampling import sample
 from specdec_core.verify import ChainVerdict, one_hot, residual, verify_chain
+from tests.gof import ALPHA, gof
 
 V = 8
 TRIALS = 100_000
-ALPHA = 1e-3
-
-
-def gof(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Chi-square p-value of counts against probs. An outcome of probability zero that occurs is an
-    outright rejection (p-value 0); cells expected below 5 are pooled so the chi-square law holds."""
-    counts, probs = counts.ravel().astype(float), probs.ravel().astype(float)
-    probs = probs / probs.sum()
-    if counts[probs == 0].sum() > 0:
-        return 0.0
-    exp = probs * counts.sum()
-    keep = exp >= 5
-    obs_k, exp_k = list(counts[keep]), list(exp[keep])
-    if (~keep & (probs > 0)).any():
-        obs_k.append(counts[~keep].sum())
-        exp_k.append(exp[~keep].sum())
-    return float(chisquare(obs_k, exp_k).pvalue)
 
 
 def run_trials(p: torch.Tensor, q: torch.Tensor, k: int, rule=verify_chain, trials: int = TRIALS,
