@@ -18,6 +18,7 @@ from specdec_core.metrics import RunMetrics, summarize
 from specdec_core.records import StepRecord
 
 BUNDLED = "bundled"
+DISTILLED = "distilled"
 
 
 class UserError(Exception):
@@ -79,9 +80,9 @@ def make_drafter(s: Settings, tgt):
         spec = (s.draft_model or "").strip()
         if not spec:
             raise UserError("The draft model is empty: type `bundled` (the target drafts for itself), "
-                            "a local model directory or a hub id.")
-        try:
-            draft_lm = tgt if spec == BUNDLED else model(spec)
+                            "`distilled` (the small draft shipped for it), a local model directory or a hub id.")
+        try:  # `distilled`: no model given, so the core picks the draft shipped for this target, if any
+            draft_lm = tgt if spec == BUNDLED else None if spec == DISTILLED else model(spec)
         except ModelError as e:
             raise UserError(f"The draft model could not be loaded. {e}") from e
     try:

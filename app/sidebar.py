@@ -90,7 +90,8 @@ def build() -> Settings:
     sb.caption(drafters.DESCRIPTIONS.get(ss.drafter, ""))
     sb.text_input("Draft model", key="draft_model", disabled=ss.drafter != "draft",
                   help="For the `draft` drafter: `bundled` lets the target draft for itself (at temperature 0 "
-                       "every draft is accepted), or a local model directory / hub id with the same vocabulary.")
+                       "every draft is accepted); `distilled` uses the small draft trained for it, where shipped; "
+                       "or a local model directory / hub id with the same vocabulary.")
     sb.slider("k: tokens drafted per step", 1, 12, key="k", disabled=ss.drafter == "none")
 
     sb.markdown("### Sampling")

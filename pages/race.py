@@ -8,7 +8,8 @@ import streamlit as st
 
 from app import runs, sidebar, view
 
-SPEEDS = [0.1, 0.25, 0.5, 1.0]
+SPEEDS = [0.1, 0.25, 0.5, 1.0, 2.0, 4.0]
+REPLAY_S = 10.0  # the default replay speed is the slowest that finishes within this
 TICK_S = 0.1
 
 ss = st.session_state
@@ -62,6 +63,8 @@ def race() -> None:
             ss.race_error = runs.friendly(e)
             return
     holder.empty()
+    end = max(plain.records[-1].elapsed, spec.records[-1].elapsed)
+    ss.race_speed = next((x for x in SPEEDS if end / x <= REPLAY_S), SPEEDS[-1])
     ss.race_playing, ss.race_clock = True, time.monotonic()
 
 
@@ -103,7 +106,7 @@ def board():
     b[0].button("Replay", key="race_replay", icon=":material/replay:", on_click=_replay)
     b[1].button("Finish", key="race_finish", icon=":material/last_page:", on_click=_finish)
     b[2].select_slider("Replay speed", SPEEDS, key="race_speed", format_func=lambda x: f"{x:g}×")
-    b[3].markdown(f"### ⏱ {min(t, end_s):.2f} s")
+    b[3].markdown(f"### :material/timer: {min(t, end_s):.2f} s")
 
     cols = st.columns(2, gap="large")
     for col, (key, title, sub) in zip(cols, LANES):

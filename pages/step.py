@@ -126,7 +126,7 @@ def player():
             ss.last_tick = now
 
     bar = st.container(horizontal=True, vertical_alignment="bottom", gap="small")
-    bar.button("First", key="first", icon=":material/first_page:", shortcut="Home",
+    bar.button("First", key="first", icon=":material/first_page:",
                on_click=_pause_then(lambda c: c.goto(recs, 0, whole=False)), help="The first step, from its start")
     bar.button("Back", key="back", icon=":material/skip_previous:", shortcut="PageUp",
                on_click=_pause_then(lambda c: c.goto(recs, c.step - 1)), help="The previous step, shown whole")
@@ -135,21 +135,21 @@ def player():
                help="Animate phase by phase, step after step")
     bar.button("Next", key="next", icon=":material/skip_next:", shortcut="PageDown",
                on_click=_pause_then(lambda c: c.goto(recs, c.step + 1)), help="The next step, shown whole")
-    bar.button("Last", key="last", icon=":material/last_page:", shortcut="End",
+    bar.button("Last", key="last", icon=":material/last_page:",
                on_click=_pause_then(lambda c: c.goto(recs, len(recs) - 1)), help="The last step, shown whole")
     bar.button("Phase", key="phase_back", icon=":material/chevron_left:", shortcut="Left",
                on_click=_pause_then(lambda c: c.retreat(recs)), help="One phase back: draft, verify, result")
     bar.button("Phase", key="phase_next", icon=":material/chevron_right:", icon_position="right",
                shortcut="Right", on_click=_pause_then(lambda c: c.advance(recs)),
                help="One phase forward: draft, verify, result")
-    bar.button("Next rejection", key="next_rejection", icon=":material/report:", shortcut="J",
+    bar.button("Next rejection", key="next_rejection", icon=":material/report:",
                on_click=_pause_then(_to_rejection), disabled=F.next_rejection(recs, cur.step) is None,
                help="Jump to the next step where the target rejected a draft")
-    bar.select_slider("Speed", SPEEDS, key="speed", format_func=lambda x: f"{x:g}×", width=220)
-
+    row = st.columns([5, 1], gap="large", vertical_alignment="bottom")
     if len(recs) > 1:
         ss.scrub = cur.step + 1
-        st.slider("Step", 1, len(recs), key="scrub", on_change=_scrub)
+        row[0].slider("Step", 1, len(recs), key="scrub", on_change=_scrub, help="Drag to scrub through the steps")
+    row[1].select_slider("Speed", SPEEDS, key="speed", format_func=lambda x: f"{x:g}×")
 
     rec = recs[cur.step]
     fr = F.frames(rec)[cur.frame]
@@ -223,8 +223,10 @@ def _metrics(upto: int) -> None:
                    base.tokens_per_s else "—",
                    help="Tokens/s here over tokens/s of plain decoding on the same prompt and settings"
                         + (f" ({base.tokens_per_s:.1f} tokens/s)" if base else " (not measured: stopped early)"))
-    cols[4].metric("Target forward passes", f"{m.target_forwards}", help=f"for {m.tokens} tokens",
-                   delta=f"{m.tokens - m.target_forwards:+d} vs one per token", delta_color="normal")
+    saved = m.tokens - m.target_forwards
+    cols[4].metric("Target forward passes", f"{m.target_forwards}",
+                   help=f"For {m.tokens} tokens; plain decoding needs one pass per token",
+                   delta=f"{saved} saved" if saved else None, delta_color="normal")
 
 
 player()

@@ -255,7 +255,7 @@ def test_lesson_page_loads_a_workload_preset_into_the_sidebar():
     from app.sidebar import PRESETS, WORKLOADS
     at = new_app()
     at.switch_page("../pages/lesson.py").run()
-    assert len(at.dataframe[0].value) == len(WORKLOADS)
+    assert len(at.table[0].value) == len(WORKLOADS)
     name = list(PRESETS)[-1]
     at.button(key=f"try_{name}").click().run()
     assert at.text_area(key="prompt").value == PRESETS[name].prompts[0]

@@ -1,0 +1,167 @@
+"""The app in a real browser: start `streamlit run` on a free port, drive headless Chromium through a
+generation, watch it animate, step to a rejection and back, stop a long run, and check a second tab keeps
+its own state. Skips when Debian's chromium is not installed; never downloads a browser."""
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ROOT = Path(__file__).resolve().parents[1]
+SLOW_MS = 400_000  # a cold model load and a run, on a busy 2-core machine
+REPEAT = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. Repeat the text exactly."
+
+if not CHROMIUM.exists():
+    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("server") / "streamlit.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        for _ in range(240):
+            if proc.poll() is not None:
+                pytest.fail(f"streamlit exited with {proc.returncode}; see {log.name}")
+            try:
+                if urllib.request.urlopen(url + "_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("streamlit did not answer its health check within 2 minutes")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def button(page, key):
+    return page.locator(f".st-key-{key} button").first
+
+
+def set_number(page, key, value):
+    box = page.locator(f".st-key-{key} input").first
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def settle(page, s=1.0):
+    """Let a rerun land: wait until Streamlit's running indicator is gone, then a little more."""
+    page.wait_for_timeout(300)
+    page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden", timeout=SLOW_MS)
+    page.wait_for_timeout(int(s * 1000))
+
+
+def heading(page) -> str:
+    return page.locator("h3").filter(has_text="Step ").first.inner_text()
+
+
+def test_generate_animate_step_to_a_rejection_and_back(server, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1500, "height": 1800})
+    page.goto(server)
+    button(page, "generate").wait_for(timeout=SLOW_MS)
+    # a hot creative temperature and a prompt lookup that copies: drafts meet rejections
+    page.locator(".st-key-workload").click()
+    page.get_by_role("option", name="creative").first.click()
+    settle(page)
+    page.locator(".st-key-prompt textarea").fill(REPEAT)
+    page.locator(".st-key-prompt textarea").press("Control+Enter")
+    settle(page)
+    set_number(page, "max_new_tokens", 20)
+    settle(page)
+
+    button(page, "generate").click()
+    button(page, "play").wait_for(timeout=SLOW_MS)
+    settle(page, 0.2)
+    first = page.locator(".phase-on").inner_text() + heading(page) + page.locator(".context-strip").inner_text()
+    page.wait_for_timeout(2500)  # autoplay: about three frames at 1x
+    later = page.locator(".phase-on").inner_text() + heading(page) + page.locator(".context-strip").inner_text()
+    assert later != first, "the replay should animate by itself after a run"
+
+    button(page, "play").click()  # pause
+    settle(page)
+    assert not button(page, "next_rejection").is_disabled(), "this run should contain a rejection"
+    button(page, "next_rejection").click()
+    settle(page)
+    rejected = page.locator(".context-strip .tok-rejected").first
+    rejected.wait_for(timeout=10_000)
+    assert "rejected" in rejected.get_attribute("title") and "p(x) =" in rejected.get_attribute("title")
+    assert "tok-resampled" in page.locator(".context-strip .tok").last.get_attribute("class")  # drawn in its place
+    assert page.locator(".text-so-far .tok-accepted, .text-so-far .tok-resampled").count() > 0
+    assert "Rejected" in heading(page)
+    page.screenshot(path=str(tmp_path / "step-rejection.png"), full_page=True)
+    assert (tmp_path / "step-rejection.png").stat().st_size > 10_000
+
+    at = heading(page)
+    n = int(at.split("Step ")[1].split(" of")[0])
+    total = int(at.split(" of ")[1].split(" ")[0])
+    button(page, "next" if n < total else "back").click()
+    settle(page)
+    moved = n + 1 if n < total else n - 1
+    assert heading(page).startswith(f"Step {moved} of {total}")
+    button(page, "back" if n < total else "next").click()
+    settle(page)
+    assert heading(page).startswith(f"Step {n} of {total}")
+    button(page, "phase_back").click()  # the verify frame of the rejected draft
+    settle(page)
+    assert "Verify draft" in heading(page)
+    assert page.locator(".vtable .verdict-rejected").count() == 1
+
+    # a second tab is a second session: no run there, and this tab's run is untouched
+    other = browser.new_page(viewport={"width": 1200, "height": 900})
+    other.goto(server)
+    button(other, "generate").wait_for(timeout=SLOW_MS)
+    settle(other)
+    assert other.locator(".st-key-play").count() == 0
+    assert other.get_by_text("press Generate", exact=False).count() >= 1
+    other.close()
+    assert heading(page).startswith(f"Step {n} of {total}")
+    page.close()
+
+
+def test_a_long_run_streams_and_can_be_stopped(server, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1500, "height": 1400})
+    page.goto(server)
+    button(page, "generate").wait_for(timeout=SLOW_MS)
+    set_number(page, "max_new_tokens", 512)
+    settle(page)
+    button(page, "generate").click()
+    # steps stream in while it decodes: the live text grows before the run ends
+    page.locator(".text-so-far .tok").first.wait_for(timeout=SLOW_MS)
+    button(page, "stop").click()
+    page.get_by_text("Stopped after", exact=False).wait_for(timeout=60_000)
+    settle(page)
+    assert page.locator(".st-key-play").count() == 1  # the steps made so far can be replayed
+    page.screenshot(path=str(tmp_path / "stopped.png"), full_page=True)
+    page.close()
