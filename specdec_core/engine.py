@@ -119,6 +119,8 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
         generated += new
         if m > v.n_accepted:              # drop rejected drafts; the new token stays pending
             cache.crop(-(m - v.n_accepted))
+        if cache.get_seq_length() > len(tokens) - 1:   # eos among the accepted drafts: drop those after it
+            cache.crop(-(cache.get_seq_length() - (len(tokens) - 1)))
         pending = new[-1]
         if not stop and len(generated) >= max_new_tokens:
             stop = "length"

@@ -74,3 +74,14 @@ def exact_joint(lm: LM, prompt: list[int], n: int, temperature: float = 1.0) -> 
     # log p(x_1..x_n) = sum_i log p(x_i | prompt, x_<i); row b fixes x_1..x_{n-1} = heads[b]
     head_lp = lp[:, :n - 1].gather(2, heads.unsqueeze(-1)).squeeze(-1).sum(1)     # [B]
     return (head_lp[:, None] + lp[:, n - 1]).exp().view(*([vocab] * n))
+
+
+def perturbed(lm: LM, noise: float, seed: int, name: str | None = None) -> LM:
+    """A draft that mostly agrees with `lm`: its weights plus Gaussian noise of `noise` times their scale."""
+    import copy
+    model = copy.deepcopy(lm.model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for w in model.parameters():
+            w.add_(noise * w.float().std() * torch.randn(w.shape, generator=g).to(w))
+    return LM(model, lm.tokenizer, name or f"{lm.name}-perturbed", lm.dtype, lm.device)

@@ -1,0 +1,211 @@
+"""The decode loop: greedy speculation gives exactly plain greedy decoding (which is transformers'
+generate), the KV caches hold exactly the committed text after every step, and bad inputs are refused.
+
+Leviathan et al. 2023, Alg. 1: with temperature 0, p is the one-hot argmax, so every drafter must
+reproduce the target's greedy output token for token. On the bundled model this is checked in float32
+(chunking-independent argmax) strictly, and in the default dtype (bf16 on most CPUs), where a multi-token
+verification forward can round a near-tie differently from the one-token forwards of plain decoding.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from specdec_core import InputError, SamplingParams, engine
+from specdec_core.drafters import DrafterUnavailable, make
+from specdec_core.drafters.draft_model import DraftModel
+from specdec_core.sampling import probs
+from tests.tiny import perturbed, tiny_lm
+
+TINY_PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 1, 2]
+
+
+# ---------------------------------------------------------------- helpers
+
+def capture_caches(lm, monkeypatch) -> list:
+    """Record every cache `lm` makes; the engine makes the target's first."""
+    made, orig = [], lm.new_cache
+
+    def new_cache():
+        made.append(orig())
+        return made[-1]
+    monkeypatch.setattr(lm, "new_cache", new_cache)
+    return made
+
+
+def fresh_cache(lm, ids: list[int]):
+    orig = type(lm).new_cache(lm)
+    lm.forward(torch.tensor(ids), orig)
+    return orig
+
+
+def assert_same_cache(a, b, atol=1e-5, rtol=1e-4):
+    assert a.get_seq_length() == b.get_seq_length()
+    assert len(a.layers) == len(b.layers)
+    for la, lb in zip(a.layers, b.layers):
+        torch.testing.assert_close(la.keys, lb.keys, atol=atol, rtol=rtol)
+        torch.testing.assert_close(la.values, lb.values, atol=atol, rtol=rtol)
+
+
+def assert_cache_lens(recs, prompt_len: int):
+    """The target cache holds prompt + committed - 1 entries: the newest token is the next input."""
+    for r in recs:
+        assert r.cache_len == prompt_len + r.n_generated - 1, \
+            f"step {r.index}: cache_len {r.cache_len}, expected {prompt_len} + {r.n_generated} - 1"
+
+
+class CheckedDraft:
+    """Wraps DraftModel and checks, after every proposal, that its cache holds exactly the committed
+    context plus the drafts it ran (rejected ones rolled back), and that each q is the draft's law."""
+
+    def __init__(self, inner: DraftModel):
+        self.inner, self.name, self.default_k = inner, inner.name, inner.default_k
+        self.steps = []   # (k, n_accepted)
+
+    def begin(self, prompt):
+        self.inner.begin(prompt)
+
+    def propose(self, ctx):
+        prop = self.inner.propose(ctx)
+        dm, m = self.inner, prop.tokens.numel()
+        ran = ctx.tokens + prop.tokens[:m - 1].tolist()      # the last draft is sampled, never run
+        assert dm.seen == ran and dm.cache_len() == len(ran)
+        ref = type(dm.lm).new_cache(dm.lm)
+        logits = dm.lm.forward(torch.tensor(ran), ref)[len(ctx.tokens) - 1:]   # [m, V]
+        assert_same_cache(dm.cache, ref)
+        torch.testing.assert_close(prop.q, probs(logits, ctx.sp), atol=1e-5, rtol=1e-4)
+        return prop
+
+    def feedback(self, ctx, n_accepted):
+        self.steps.append((ctx.k, n_accepted))
+        self.inner.feedback(ctx, n_accepted)
+
+
+def drafter_for(name, target, draft):
+    return make("draft", target, draft) if name.startswith("draft") else make(name, target)
+
+
+# ---------------------------------------------------------------- tiny models: caches, lengths, eos
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("name", ["none", "lookup", "draft", "draft-self"])
+def test_target_cache_is_the_committed_text(name, temperature, device, monkeypatch, one_thread):
+    target, other = tiny_lm(1, device=device), tiny_lm(2, device=device)
+    made = capture_caches(target, monkeypatch)
+    drafter = drafter_for(name, target, target if name == "draft-self" else other)
+    ids, recs, _ = engine.run(target, drafter, TINY_PROMPT, sp=SamplingParams(temperature=temperature, seed=3),
+                              k=3, max_new_tokens=24, detail=True, stop_at_eos=False)
+    assert len(ids) == 24 and recs[-1].stop_reason == "length"
+    assert_cache_lens(recs, len(TINY_PROMPT))
+    assert_same_cache(made[0], fresh_cache(target, TINY_PROMPT + ids[:-1]))
+    if name != "none":
+        assert sum(r.k for r in recs) > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("self_draft", [True, False], ids=["self", "other"])
+def test_draft_cache_rolls_back(self_draft, temperature, device, one_thread):
+    target = tiny_lm(1, device=device)
+    draft = target if self_draft else perturbed(target, 0.1, seed=0)   # agrees often, not always
+    checked = CheckedDraft(DraftModel(draft, target))
+    ids, recs, _ = engine.run(target, checked, TINY_PROMPT, sp=SamplingParams(temperature=temperature, seed=5),
+                              k=4, max_new_tokens=40, detail=False, stop_at_eos=False)
+    assert len(ids) == 40
+    assert_cache_lens(recs, len(TINY_PROMPT))
+    full = sum(n == k for k, n in checked.steps)
+    if self_draft:   # q == p: every draft is accepted, so the bonus path is what gets exercised
+        assert full == len(checked.steps) > 0
+    else:
+        assert full > 0 and any(n < k for k, n in checked.steps), checked.steps
+
+
+def test_tiny_greedy_matches_transformers(device, one_thread):
+    """On a float32 model every drafter reproduces transformers' greedy generate exactly."""
+    target, other = tiny_lm(1, device=device), tiny_lm(2, device=device)
+    prompt = torch.tensor([TINY_PROMPT], device=device)
+    ref = target.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                max_new_tokens=30)[0, len(TINY_PROMPT):].tolist()
+    for name in ("none", "lookup", "draft", "draft-self"):
+        drafter = drafter_for(name, target, target if name == "draft-self" else other)
+        ids, recs, _ = engine.run(target, drafter, TINY_PROMPT, k=4, max_new_tokens=30, detail=False,
+                                  stop_at_eos=False)
+        assert ids == ref, name
+
+
+def test_length_is_exact_with_long_drafts(one_thread):
+    """k is clipped so a step never commits past max_new_tokens."""
+    target = tiny_lm(1)
+    for n in (1, 2, 5, 11):
+        recs = list(engine.decode(target, make("draft", target, target), TINY_PROMPT, k=8, max_new_tokens=n,
+                                  detail=False, stop_at_eos=False))
+        assert recs[-1].n_generated == n and recs[-1].done and recs[-1].stop_reason == "length"
+        assert all(r.k <= n - rr.n_generated - 1 for r, rr in zip(recs[1:], recs))
+        assert recs[0].k == min(8, n - 1)
+
+
+@pytest.mark.parametrize("name", ["none", "lookup", "draft-self"])
+def test_stops_at_eos_with_the_cache_committed(name, one_thread):
+    """EOS ends the run even when it is an accepted draft in the middle of a step; nothing after it is
+    committed and the cache holds the committed text only."""
+    plain = tiny_lm(1)
+    ref, _, _ = engine.run(plain, make("none", plain), TINY_PROMPT, max_new_tokens=12, detail=False,
+                           stop_at_eos=False)
+    j = next(i for i in range(1, len(ref)) if ref[i] not in ref[:i])   # first fresh token after the first
+    target = tiny_lm(1, eos=ref[j])
+    assert target.eos_ids == {ref[j]}
+    ids, recs, _ = engine.run(target, drafter_for(name, target, target), TINY_PROMPT, k=6, max_new_tokens=12,
+                              detail=True)
+    assert ids == ref[:j + 1]
+    assert recs[-1].stop_reason == "eos" and recs[-1].done and recs[-1].committed[-1].token == ref[j]
+    if name == "draft-self":   # the scenario this test is for: eos accepted mid-draft, drafts after it
+        assert recs[-1].n_accepted + 1 > len(recs[-1].committed), [r.drafted for r in recs]
+    assert_cache_lens(recs, len(TINY_PROMPT))
+
+
+# ---------------------------------------------------------------- bad inputs
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_lm(1)
+
+
+@pytest.mark.parametrize("prompt", [[], torch.tensor([], dtype=torch.long)], ids=["list", "tensor"])
+def test_empty_prompt(tiny, prompt):
+    with pytest.raises(InputError, match="empty"):
+        engine.run(tiny, make("none", tiny), prompt)
+
+
+def test_empty_text_prompt(tiny):
+    for text in ("", "   \n"):
+        with pytest.raises(InputError, match="empty"):
+            tiny.encode(text)
+
+
+@pytest.mark.parametrize("k", [-1, 65, 2.5, "4"])
+def test_k_out_of_range(tiny, k):
+    with pytest.raises(InputError, match=r"k \(draft length\)"):
+        engine.run(tiny, make("lookup", tiny), TINY_PROMPT, k=k)
+
+
+@pytest.mark.parametrize("n", [0, -3, 4097, 8.0])
+def test_max_new_tokens_out_of_range(tiny, n):
+    with pytest.raises(InputError, match="max new tokens"):
+        engine.run(tiny, make("none", tiny), TINY_PROMPT, max_new_tokens=n)
+
+
+def test_k_edges_accepted(tiny):
+    for k in (0, 64):
+        ids, _, _ = engine.run(tiny, make("lookup", tiny), TINY_PROMPT, k=k, max_new_tokens=3, stop_at_eos=False)
+        assert len(ids) == 3
+
+
+def test_unknown_drafter(tiny):
+    with pytest.raises(DrafterUnavailable, match="unknown drafter 'bogus'.*none, lookup, draft"):
+        make("bogus", tiny)
+
+
+def test_draft_without_a_draft_model(tiny):
+    with pytest.raises(DrafterUnavailable, match="needs a draft model"):
+        make("draft", tiny)
