@@ -1,0 +1,180 @@
+"""Loading models and pairing them: local directories round-trip, bad specs give ModelError naming the
+problem, and a draft whose vocabulary differs from the target's is refused with IncompatibleModels
+saying what differs (speculative decoding compares p and q id by id: Leviathan et al. 2023)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import PreTrainedTokenizerFast
+
+from specdec_core import IncompatibleModels, ModelError, check_compatible, load
+from specdec_core.drafters import make
+from specdec_core.drafters.draft_model import DraftModel
+from specdec_core.models import pick_dtype
+from tests.tiny import V, TinyTok, tiny_lm
+
+WORDS = ["<unk>", "<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "."]
+
+
+def word_tokenizer(words=WORDS) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+def save_tiny(path, seed=1, words=WORDS, layers=2):
+    lm = tiny_lm(seed, vocab=len(words), layers=layers, eos=1)
+    lm.model.save_pretrained(path)            # safetensors
+    word_tokenizer(words).save_pretrained(path)
+    return lm
+
+
+# ---------------------------------------------------------------- local directories
+
+def test_local_directory_round_trip(tmp_path, one_thread):
+    ref = save_tiny(tmp_path)
+    lm = load(str(tmp_path), dtype="fp32", device="cpu")
+    assert lm.name == str(tmp_path) and lm.dtype == torch.float32 and lm.device.type == "cpu"
+    assert (lm.vocab_size, lm.num_layers) == (len(WORDS), 2)
+    assert lm.eos_ids == {1}
+    ids = lm.encode("the cat sat on the mat .")   # no chat template: plain tokenization
+    assert ids.tolist() == [2, 3, 4, 5, 2, 6, 11]
+    torch.testing.assert_close(lm.forward(ids, lm.new_cache()), ref.forward(ids, ref.new_cache()))
+    check_compatible(lm, lm)
+
+
+def test_local_directory_bf16(tmp_path, one_thread):
+    save_tiny(tmp_path)
+    lm = load(str(tmp_path), dtype="bf16", device="cpu")
+    assert lm.dtype == torch.bfloat16 and next(lm.model.parameters()).dtype == torch.bfloat16
+    assert lm.forward(torch.tensor([2, 3]), lm.new_cache()).dtype == torch.float32   # logits come back fp32
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(ModelError, match="does not exist"):
+        load(str(tmp_path / "no-such-model"), dtype="fp32")
+
+
+def test_path_is_a_file(tmp_path):
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"")
+    with pytest.raises(ModelError, match="does not exist"):
+        load(str(f), dtype="fp32")
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ModelError, match="no config.json"):
+        load(str(tmp_path), dtype="fp32")
+
+
+def test_directory_without_safetensors(tmp_path):
+    lm = tiny_lm(1)
+    lm.model.config.save_pretrained(tmp_path)
+    word_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded: only safetensors are")
+    with pytest.raises(ModelError, match=r"no \*\.safetensors"):
+        load(str(tmp_path), dtype="fp32")
+
+
+def test_corrupt_weights(tmp_path):
+    save_tiny(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(ModelError, match="could not load model"):
+        load(str(tmp_path), dtype="fp32")
+
+
+@pytest.mark.parametrize("spec", ["", "   "])
+def test_no_model_named(spec):
+    with pytest.raises(ModelError, match="no model named"):
+        load(spec, dtype="fp32")
+
+
+def test_bad_dtype():
+    with pytest.raises(ModelError, match="unknown dtype 'int3'"):
+        load("bundled", dtype="int3")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_gpu():
+    with pytest.raises(ModelError, match="no CUDA GPU"):
+        load("bundled", device="cuda")
+
+
+def test_pick_dtype(monkeypatch):
+    cpu = torch.device("cpu")
+    assert pick_dtype(cpu, "fp32") == torch.float32 and pick_dtype(cpu, "bf16") == torch.bfloat16
+    assert pick_dtype(cpu, torch.float16) == torch.float16
+    assert pick_dtype(torch.device("cuda"), None) == torch.bfloat16
+    monkeypatch.setenv("SPECDEC_DTYPE", "fp32")
+    assert pick_dtype(cpu) == torch.float32
+    assert pick_dtype(cpu, "bf16") == torch.bfloat16   # an explicit choice beats the environment
+
+
+# ---------------------------------------------------------------- pairing target and draft
+
+def pair(target_tok: TinyTok, draft_tok: TinyTok):
+    t = tiny_lm(1, vocab=len(target_tok), tok=target_tok, name="tiny-target")
+    d = tiny_lm(2, vocab=len(draft_tok), tok=draft_tok, name="tiny-draft")
+    return t, d
+
+
+def expect_incompatible(t, d, *needles):
+    for build in (lambda: check_compatible(t, d), lambda: DraftModel(d, t), lambda: make("draft", t, d)):
+        with pytest.raises(IncompatibleModels) as e:
+            build()
+        msg = str(e.value)
+        assert "'tiny-draft' cannot draft for target 'tiny-target'" in msg
+        for n in needles:
+            assert n in msg, msg
+
+
+def test_compatible_pair_is_accepted():
+    t, d = pair(TinyTok(), TinyTok())
+    check_compatible(t, d)
+    assert make("draft", t, d).lm is d
+
+
+def test_different_token_strings():
+    pieces = list("abcdefghijkl")
+    pieces[3], pieces[7] = "X", "Y"
+    t, d = pair(TinyTok(), TinyTok(pieces=pieces))
+    expect_incompatible(t, d, "2 token ids map to different strings", "id 3: target 'd' vs draft 'X'",
+                        "id 7: target 'h' vs draft 'Y'")
+
+
+def test_different_vocabulary_size():
+    t, d = pair(TinyTok(), TinyTok(vocab=V + 2))
+    expect_incompatible(t, d, f"vocabulary sizes differ: target {V} tokens, draft {V + 2}")
+
+
+def test_different_special_tokens():
+    t, d = pair(TinyTok(eos=1), TinyTok(eos=2))
+    expect_incompatible(t, d, "special token eos_token differs: target 'b', draft 'c'")
+    t, d = pair(TinyTok(bos_token="a"), TinyTok())
+    expect_incompatible(t, d, "special token bos_token differs: target 'a', draft None")
+
+
+def test_incompatible_directories(tmp_path):
+    """The same check on real tokenizers loaded from disk."""
+    save_tiny(tmp_path / "t", words=WORDS)
+    save_tiny(tmp_path / "d", seed=2, words=WORDS[:8] + ["cow", "walked", "near", "!"])
+    t, d = load(str(tmp_path / "t"), dtype="fp32"), load(str(tmp_path / "d"), dtype="fp32")
+    with pytest.raises(IncompatibleModels, match="4 token ids map to different strings; first: id 8"):
+        make("draft", t, d)
+
+
+# ---------------------------------------------------------------- the bundled model
+
+def test_bundled(bundled):
+    assert (bundled.vocab_size, bundled.num_layers) == (49152, 30)
+    assert bundled.eos_ids == {bundled.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    chat = bundled.encode("Name a colour.")
+    raw = bundled.encode("Name a colour.", raw=True)
+    assert bundled.tokenizer.decode(chat).startswith("<|im_start|>system")
+    assert bundled.tokenizer.decode(chat).endswith("<|im_start|>assistant\n")
+    assert bundled.tokenizer.decode(raw) == "Name a colour."
+    with pytest.raises(Exception, match="empty"):
+        bundled.encode("  ")
