@@ -317,7 +317,7 @@ def train_early_exit(a, argv) -> int:
     shipped = ee.load_exit(path)  # measure exactly what ships
     acc = acceptance(lm, ee.EarlyExit(lm, shipped, default_k=k), distill.HELDOUT[:a.eval_prompts], k, a.eval_tokens)
     _finish("early-exit", a, argv, path, dict(
-        model=dict(exit_layer=L, default_k=k, adapter="x + SwiGLU(rmsnorm(x)) then rmsnorm, hidden "
+        model=dict(exit_layer=L, default_k=k, adapter="x + SwiGLU(x) with x = rms(h), then rmsnorm, hidden "
                    f"{a.hidden}; the target's first {L} layers and tied LM head are shared, not shipped"),
         choice=dict(candidates=sweep, chosen=L,
                     why="largest predicted speedup from measured held-out agreement and measured draft cost"),

@@ -28,7 +28,7 @@ WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 
 
 class Exit(nn.Module):
-    """h [.., d] after L target layers -> logits through the target's head: h + SwiGLU(norm(h)), then norm."""
+    """h [.., d] after L target layers -> logits through the target's head: x + SwiGLU(x) with x = rms(h), then norm."""
 
     def __init__(self, d: int, hidden: int, layers: int, eps: float = 1e-5):
         super().__init__()
@@ -45,9 +45,13 @@ class Exit(nn.Module):
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w.to(x.dtype)
 
     def hidden(self, h: torch.Tensor) -> torch.Tensor:
-        n = self._rms(h, self.norm_in)
-        h = h + self.down(nn.functional.silu(self.gate(n)) * self.up(n))
-        return self._rms(h, self.norm_out)
+        # the residual stream mid-network has a large, uneven scale; adding the adapter to its unit-RMS
+        # version lets a small update matter from the first steps (RMS norm is scale-free, so with `down`
+        # at zero this is still exactly the untrained early exit)
+        x = self._rms(h, torch.ones_like(self.norm_in))
+        n = x * self.norm_in.to(x.dtype)
+        x = x + self.down(nn.functional.silu(self.gate(n)) * self.up(n))
+        return self._rms(x, self.norm_out)
 
     def forward(self, h: torch.Tensor, head: nn.Module) -> torch.Tensor:
         return head(self.hidden(h))
