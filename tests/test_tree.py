@@ -233,3 +233,150 @@ def test_greedy_tree_commits_the_argmax_chain():
         # and it went as deep as the tree allowed: a child equal to the argmax is never rejected
         node = v.path[-1] if v.path else 0
         assert all(int(toks[k]) != want[len(v.path)] for k in tree.children[node])
+
+
+# ---------------------------------------------------------------- the real model: tree forward, compaction, medusa
+
+import json  # noqa: E402
+
+from specdec_core import SamplingParams  # noqa: E402
+from specdec_core.drafters import DrafterUnavailable, make  # noqa: E402
+from specdec_core.drafters.medusa import MANIFEST, WEIGHTS, Heads, Medusa  # noqa: E402
+from specdec_core.engine import run  # noqa: E402
+from specdec_core.tree_step import compact, tree_forward  # noqa: E402
+
+PROMPTS = [
+    "Write a Python function that returns the factorial of n.",
+    "Return a JSON object with keys name, age and city for Ada Lovelace.",
+    "Write a JavaScript function that reverses a string.",
+    "List three prime numbers as a JSON array.",
+    "Write a Python function `is_even(n)`.",
+    "Convert to JSON with keys title and year: Dune, 1965.",
+    "Write a SQL query that selects all users older than 30.",
+    "Write a Python class `Stack` with push and pop.",
+    "Give a JSON object describing a book with title, author and pages.",
+    "Write a bash command that counts the lines in file.txt.",
+    "Write a Go function that adds two integers.",
+]
+
+
+def test_tree_forward_matches_plain_forwards(bundled):
+    """Every node's logits equal a plain forward over its own branch: the mask and positions are right."""
+    lm = bundled
+    ids = lm.encode("Write a haiku about the sea.")
+    tree = compile_tree(SMALL)
+    nodes = torch.tensor([int(ids[-1]), 11, 12, 13, 14, 15, 16])
+    cache = lm.new_cache()
+    lm.forward(ids[:-1], cache)
+    logits, hidden = tree_forward(lm, cache, nodes, tree)
+    assert cache.get_seq_length() == len(ids) - 1 + tree.size and hidden.shape == (tree.size, 576)
+    for j in range(tree.size):
+        branch = [int(ids[-1])] + [int(nodes[n]) for n in tree.path_to(j)]
+        c = lm.new_cache()
+        lm.forward(ids[:-1], c)
+        want = lm.forward(torch.tensor(branch), c)[-1]
+        # bf16 forwards of different shapes differ by a few tenths at most; a wrong mask or position differs by units
+        assert (logits[j] - want).abs().max() < 0.5, (j, (logits[j] - want).abs().max())
+        assert int(logits[j].argmax()) == int(want.argmax())
+    # the mask matters: node 5, (1, 0), seen through a plain causal mask would also see nodes 1, 3 and 4
+    c = lm.new_cache()
+    lm.forward(ids[:-1], c)
+    causal = lm.forward(nodes[:6], c)[-1]
+    assert (causal - logits[5]).abs().max() > 2.0
+
+
+def test_compact_keeps_the_accepted_branch(bundled):
+    """After compaction the cache is the cache of the committed branch: the next forward agrees."""
+    lm = bundled
+    ids = lm.encode("Name a color.")
+    tree = compile_tree(SMALL)
+    nodes = torch.tensor([int(ids[-1]), 21, 22, 23, 24, 25, 26])
+    cache = lm.new_cache()
+    lm.forward(ids[:-1], cache)
+    L = cache.get_seq_length()
+    tree_forward(lm, cache, nodes, tree)
+    compact(cache, L, torch.tensor([0, 2, 5]))                       # root -> (1,) -> (1, 0)
+    assert cache.get_seq_length() == L + 3
+    got = lm.forward(torch.tensor([7]), cache)[-1]
+    c = lm.new_cache()
+    want = lm.forward(torch.cat([ids, torch.tensor([22, 25, 7])]), c)[-1]
+    assert (got - want).abs().max() < 0.5 and int(got.argmax()) == int(want.argmax())
+
+
+def test_untrained_heads_run_and_stay_greedy_exact(bundled):
+    """Zero-initialised heads (each a copy of the LM head) still decode exactly the plain greedy tokens."""
+    lm = bundled
+    ids = lm.encode(PROMPTS[0])
+    base, _, _ = run(lm, make("none", lm), ids, max_new_tokens=24, detail=False)
+    out, recs, _ = run(lm, Medusa(lm, heads=Heads(576, 4), manifest={}), ids, max_new_tokens=24)
+    assert out == base
+    assert any(r.info.get("tree") for r in recs)
+
+
+def test_medusa_errors(bundled):
+    with pytest.raises(DrafterUnavailable, match="hidden size 64"):
+        Medusa(bundled, heads=Heads(64, 2), manifest={})
+    with pytest.raises(DrafterUnavailable, match="needs 4 heads"):
+        Medusa(bundled, heads=Heads(576, 2), tree=chain_tree(4), manifest={})
+    with pytest.raises(DrafterUnavailable, match="trained for 'other'"):
+        Medusa(bundled, heads=Heads(576, 2), tree=chain_tree(2), manifest={"target": "other"})
+
+
+shipped = pytest.mark.skipif(not WEIGHTS.exists(), reason="no shipped Medusa weights")
+
+
+def _check_records(lm, ids, recs):
+    tokens = ids.tolist()
+    for r in recs:
+        if r.info.get("tree"):
+            tree = compile_tree([tuple(p) for p in r.info["tree"]])
+            cand, path = r.info["candidates"], r.info["accepted_path"]
+            assert cand[0] == tokens[-1]                                 # the root is the pending token
+            assert [cand[n] for n in path] == [c.token for c in r.committed][:len(path)]
+            assert all(int(tree.parent[b]) == a for a, b in zip([0] + path, path))
+            assert r.drafted[:r.n_accepted] == [cand[n] for n in path]
+        tokens += [c.token for c in r.committed]
+        if not r.done:   # the target cache invariant: everything committed except the newest token
+            assert r.cache_len == len(tokens) - 1
+
+
+@shipped
+def test_medusa_greedy_equals_plain_on_prompts(bundled):
+    lm = bundled
+    d = make("medusa", lm)
+    steps = tokens = 0
+    for text in PROMPTS:
+        ids = lm.encode(text)
+        base, _, _ = run(lm, make("none", lm), ids, max_new_tokens=32, detail=False)
+        out, recs, m = run(lm, d, ids, max_new_tokens=32, detail=True)
+        assert out == base, text
+        _check_records(lm, ids, recs)
+        steps, tokens = steps + m.steps, tokens + m.tokens
+    assert tokens / steps > 1.2, "trained heads should get drafted tokens accepted"
+
+
+@shipped
+@pytest.mark.parametrize("temp", [0.7, 1.2])
+def test_medusa_sampling_keeps_invariants(bundled, temp):
+    lm = bundled
+    ids = lm.encode(PROMPTS[1])
+    out, recs, _ = run(lm, make("medusa", lm), ids, sp=SamplingParams(temperature=temp, seed=3), max_new_tokens=32)
+    _check_records(lm, ids, recs)
+    again, _, _ = run(lm, make("medusa", lm), ids, sp=SamplingParams(temperature=temp, seed=3), max_new_tokens=32)
+    assert again == out                                                 # seeded
+
+
+@shipped
+def test_shipped_weights_reproduce_manifest_acceptance(bundled):
+    lm = bundled
+    man = json.loads(MANIFEST.read_text())
+    assert WEIGHTS.stat().st_size <= 20e6 and man["kind"] == "medusa"
+    import hashlib
+    assert hashlib.sha256(WEIGHTS.read_bytes()).hexdigest() == man["sha256"]
+    acc = man["acceptance"]
+    d = make("medusa", lm)
+    assert [list(p) for p in d.tree.paths] == sorted(man["tree"], key=lambda p: (len(p), p))
+    for row in acc["per_prompt"][:2]:
+        _, recs, m = run(lm, d, lm.encode(row["prompt"]), k=acc["k"], max_new_tokens=acc["max_new_tokens"],
+                         detail=False)
+        assert abs(m.mean_acceptance_length - row["mean_acceptance_length"]) <= 0.1, (row, m.mean_acceptance_length)

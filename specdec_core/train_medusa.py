@@ -1,0 +1,204 @@
+"""`python -m specdec_core train medusa`: self-distil Medusa heads from the bundled target.
+
+Cai et al., "Medusa" (2024): Medusa-1 training (frozen backbone) with Medusa-2's self-distillation, i.e. the
+heads learn the target's own distributions on the target's own answers, by KL.
+
+Data: training.data() — the target's answers to distill.PROMPTS (one greedy pass, one at 0.7) with its top-64
+log-probs at every answer position. One frozen target pass stores the final hidden state h_t at every answer
+position; head i at t is trained towards the target's distribution at t+1+i (the token t+2+i), weight 0.8^i.
+Then, on the held-out prompts: each head's top-k accuracy, a tree picked from it (Medusa's greedy
+construction, tree.best_tree) at the size with the best predicted tokens per second given the measured cost of
+a tree forward, and the mean acceptance length of the shipped heads measured with the real engine.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from . import distill, training
+from .drafters.medusa import Heads, Medusa, head_logits
+from .tree import compile_tree, best_tree
+from .tree_step import tree_forward
+
+SIZES = (4, 8, 12, 16, 24, 32, 48)   # tree sizes (nodes after the root) considered
+TOPK = 8                             # ranks per head measured
+
+
+def _args(argv):
+    ap = argparse.ArgumentParser(prog="python -m specdec_core train medusa",
+                                 description="self-distil Medusa heads from the bundled target")
+    ap.add_argument("--heads", type=int, default=3, help="number of heads (tree depth at most this)")
+    ap.add_argument("--steps", type=int, default=250)
+    ap.add_argument("--batch", type=int, default=128, help="positions per step")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--n-prompts", type=int, default=None, help="use only the first N training prompts")
+    ap.add_argument("--eval-prompts", type=int, default=6, help="held-out prompts measured")
+    ap.add_argument("--eval-tokens", type=int, default=96, help="new tokens per held-out prompt")
+    ap.add_argument("--out", type=Path, default=training.WEIGHTS, help="folder for the weights and manifest")
+    a = ap.parse_args(argv)
+    if a.steps < 1 or a.batch < 1 or a.lr <= 0 or not 1 <= a.heads <= 8:
+        ap.error("need --steps >= 1, --batch >= 1, --lr > 0 and 1 <= --heads <= 8")
+    return a
+
+
+@torch.inference_mode()
+def hidden_states(lm, seqs: list[list[int]], batch_size: int = 8) -> list[torch.Tensor]:
+    """Final hidden state (the LM head's input) at every position of each sequence, [n, H] bf16."""
+    dec = lm.model.get_decoder()
+    out = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    for b in tqdm(range(0, len(order), batch_size), desc="target hidden states", unit="batch"):
+        idx = order[b:b + batch_size]
+        n = max(len(seqs[i]) for i in idx)
+        ids = torch.tensor([seqs[i] + [0] * (n - len(seqs[i])) for i in idx])  # right pad: causal, never seen
+        h = dec(input_ids=ids.to(lm.device)).last_hidden_state
+        for r, i in enumerate(idx):
+            out[i] = h[r, :len(seqs[i])].to(torch.bfloat16).cpu()
+    return out
+
+
+def examples(rows, hs, n_heads: int):
+    """Flatten to positions: H [P, d], and per head the global soft-target row (or -1 past the end)."""
+    H, target, IDX, LOGP = [], [], [], []
+    base = 0
+    for (s, pl, ti, tl), h in zip(rows, hs):
+        n = len(s)
+        t = torch.arange(pl - 1, n - 1)                                      # positions predicting answer tokens
+        H.append(h[t])
+        rows_i = torch.stack([t + 1 + i for i in range(n_heads)], 1)         # [P_s, D] row t+1+i: token t+2+i
+        target.append(torch.where(rows_i <= n - 2, rows_i + base, torch.full_like(rows_i, -1)))
+        IDX.append(ti)
+        LOGP.append(tl)
+        base += ti.shape[0]
+    return torch.cat(H), torch.cat(target), torch.cat(IDX).long(), torch.cat(LOGP).float()
+
+
+def head_accuracy(lm, heads, held, topk: int = TOPK) -> list[list[float]]:
+    """acc[d][r]: on held-out greedy answers, how often head d's rank-r token is the target's token t+2+d."""
+    lm_head = lm.model.get_output_embeddings()
+    hits = torch.zeros(heads.n_heads, topk)
+    n = torch.zeros(heads.n_heads)
+    hs = hidden_states(lm, [s for s, *_ in held])
+    with torch.inference_mode():
+        for (s, pl, ti, _), h in zip(held, hs):
+            t = torch.arange(pl - 1, len(s) - 1)
+            ranked = torch.topk(head_logits(heads, lm_head, h[t]), topk, -1).indices     # [D, P, k]
+            for d in range(heads.n_heads):
+                ok = t + 1 + d <= len(s) - 2
+                want = ti[(t + 1 + d)[ok], 0].long()                                       # greedy token t+2+d
+                hits[d] += (ranked[d][ok] == want[:, None]).float().sum(0)
+                n[d] += int(ok.sum())
+    return (hits / n.clamp(min=1)[:, None]).tolist()
+
+
+def tree_cost(lm, sizes, reps: int = 5) -> dict[int, float]:
+    """Seconds per verification forward for a tree of each size (best of reps, warm cache)."""
+    ids = lm.encode(distill.HELDOUT[0])
+    cache = lm.new_cache()
+    lm.forward(ids, cache)
+    out = {}
+    for T in (0,) + tuple(sizes):
+        tree = compile_tree([(r,) for r in range(T)])   # cost depends on the node count, not the shape
+        nodes = torch.randint(100, 1000, (T + 1,))
+        out[T] = training.time_forward(lambda: (tree_forward(lm, cache, nodes, tree), cache.crop(-(T + 1))), reps)
+    return out
+
+
+def choose_tree(acc, cost: dict[int, float]):
+    """The size with the most predicted committed tokens per second; E = 1 + sum of path reach probabilities."""
+    table = {}
+    for T in cost:
+        if T == 0:
+            continue
+        paths = best_tree(acc, T)
+        reach = {(): 1.0}
+        for p in paths:
+            reach[p] = reach[p[:-1]] * acc[len(p) - 1][p[-1]]
+        e = sum(reach.values())
+        table[T] = dict(expected_length=round(e, 4), forward_ms=round(cost[T] * 1e3, 2),
+                        tokens_per_forward_second=round(e / cost[T], 2), paths=paths)
+    best = max(table, key=lambda T: table[T]["tokens_per_forward_second"])
+    return best, table
+
+
+def main(argv: list[str]) -> int:
+    a = _args(argv)
+    t_start = time.perf_counter()
+    torch.manual_seed(a.seed)
+    lm = training.load_target(a.threads)
+    rows, desc = training.data(lm, a.n_prompts)
+    hs = hidden_states(lm, [r[0] for r in rows])
+    H, tgt, IDX, LOGP = examples(rows, hs, a.heads)
+    print(f"{H.shape[0]} training positions, {a.heads} heads")
+    heads = Heads(H.shape[1], a.heads).train()
+    lm_head = lm.model.get_output_embeddings()
+    opt = torch.optim.AdamW(heads.parameters(), lr=a.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(a.seed)
+    wts = [0.8 ** i for i in range(a.heads)]
+    ema = [None] * a.heads
+    t0 = time.perf_counter()
+    bar = tqdm(range(a.steps), desc=f"train medusa ({a.heads} heads)", unit="step")
+    for step in bar:
+        pick = torch.randint(H.shape[0], (a.batch,), generator=gen)
+        training.schedule(opt, step, a.steps, a.lr)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = F.linear(heads(H[pick].float()), lm_head.weight.detach())  # [D, B, V]; frozen, no grad
+        logq = torch.log_softmax(logits.float(), -1)
+        loss, parts = 0.0, []
+        for i in range(a.heads):
+            r = tgt[pick, i]
+            ok = r >= 0
+            kl = distill.kl_top(logq[i][ok], IDX[r[ok]], LOGP[r[ok]])
+            loss = loss + wts[i] * kl
+            parts.append(kl.item())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
+        opt.step()
+        ema = [x if e is None else 0.95 * e + 0.05 * x for e, x in zip(ema, parts)]
+        bar.set_postfix({f"kl{i}": f"{e:.2f}" for i, e in enumerate(ema)})
+    train_s = time.perf_counter() - t0
+    heads.eval()
+
+    from safetensors.torch import save_file
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = a.out / "medusa.safetensors"
+    save_file({"w": heads.w.detach().contiguous(), "b": heads.b.detach().contiguous()}, str(path),
+              metadata={"heads": str(a.heads), "seed": str(a.seed)})
+    from .drafters.medusa import load_heads
+    shipped, _ = load_heads(path)   # measure exactly what ships
+
+    held = training.heldout(lm, a.eval_prompts)
+    acc = head_accuracy(lm, shipped, held)
+    for d, row in enumerate(acc):
+        print(f"head {d} (token t+{d + 2}): top-1 {row[0]:.3f}, top-{TOPK} {sum(row):.3f}")
+    cost = tree_cost(lm, SIZES)
+    size, table = choose_tree(acc, cost)
+    paths = table[size]["paths"]
+    print(f"tree: {size} nodes, predicted mean acceptance length {table[size]['expected_length']}")
+    manifest = dict(target=lm.name, tree=[list(p) for p in paths])
+    drafter = Medusa(lm, shipped, manifest=manifest)
+    res = training.acceptance(lm, drafter, distill.HELDOUT[:a.eval_prompts], drafter.default_k, a.eval_tokens)
+    training._finish("medusa", a, argv, path, dict(
+        target=lm.name, tree=[list(p) for p in paths],
+        model=dict(heads=a.heads, hidden=H.shape[1], block="h + SiLU(W h + b), zero-initialised, then the "
+                   "target's shared LM head (frozen, not shipped)", head_i_predicts="token t+2+i", dtype="float32"),
+        data=dict(desc, positions=int(H.shape[0])), steps=a.steps, batch=a.batch, lr=a.lr,
+        loss="sum_i 0.8^i KL(p_{t+1+i} || q_i) over the target's top-64 + rest",
+        final_loss=[round(e, 4) for e in ema], train_seconds=round(train_s, 1),
+        total_seconds=round(time.perf_counter() - t_start, 1),
+        head_accuracy=dict(how=f"held-out greedy answers: P(rank-r token of head d = the target's token), "
+                               f"r < {TOPK}", acc=[[round(x, 4) for x in row] for row in acc]),
+        tree_choice=dict(chosen=size, how="Medusa's greedy tree from the head accuracies at each size; the size "
+                         "with the most predicted tokens per second of measured tree-forward time",
+                         sizes={T: {k: v for k, v in row.items() if k != "paths"} for T, row in table.items()},
+                         one_token_forward_ms=round(cost[0] * 1e3, 2)),
+        acceptance=res))
+    return 0
