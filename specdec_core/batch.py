@@ -34,6 +34,7 @@ class BatchStep:
     elapsed: float              # seconds since the start, prefill included
     target_forwards: int
     slots: int                  # cache slots per row after the step (holes included)
+    cached: list[int] = field(default_factory=list)  # [B] valid (committed) cache entries per row
     done: bool = False
 
 
@@ -176,7 +177,7 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
                 cache.crop(-tail)
                 valid = valid[:, :valid.shape[1] - tail]
         yield BatchStep(step, n_drafted, n_acc, committed, was_active, time.perf_counter() - t0, fwd,
-                        valid.shape[1], done=not any(active))
+                        valid.shape[1], valid.sum(1).tolist(), done=not any(active))
         step += 1
 
 
