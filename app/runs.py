@@ -73,6 +73,15 @@ def target():
         raise UserError(f"The bundled model could not be loaded: {e}") from e
 
 
+def warm() -> str | None:
+    """Load the target as soon as a page opens, so the first Generate is quick; the error message if it fails."""
+    try:
+        target()
+    except UserError as e:
+        return str(e)
+    return None
+
+
 def make_drafter(s: Settings, tgt):
     """The drafter for these settings; a draft model is loaded (cached) only for the `draft` drafter."""
     draft_lm = None

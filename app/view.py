@@ -54,9 +54,9 @@ CSS = """
 .gauge-keep { position:absolute; left:0; top:0; bottom:0; background:#a5d6a7; border-radius:4px 0 0 4px; }
 .gauge-u { position:absolute; top:-4px; bottom:-4px; width:3px; background:#000; }
 .gauge-ulabel { position:absolute; top:-1px; font-size:0.75rem; font-weight:700; padding-left:5px; }
-.verdict-accepted { color:#2e7d32; font-weight:700; }
-.verdict-rejected { color:#c62828; font-weight:700; }
-.verdict-unchecked { color:#9e9e9e; }
+.verdict-accepted { color:#2e7d32; font-weight:700; white-space:nowrap; }
+.verdict-rejected { color:#c62828; font-weight:700; white-space:nowrap; }
+.verdict-unchecked { color:#9e9e9e; white-space:nowrap; }
 .bigcap { font-size:1.15rem; line-height:1.55; }
 </style>
 """
@@ -143,8 +143,9 @@ def context_strip(prompt: str, records: list[StepRecord], i: int, f: Frame, limi
             cls, title = "tok-draft", f"draft #{j + 1}, q(x) = {pos.q:.3f}"
         elif j < f.checked:
             cls, title = f"tok-{pos.verdict}", position_title(pos, j)
-        else:  # after the first rejection (result) or not reached yet (verify)
-            cls, title = ("tok-unchecked" if f.phase == RESULT else "tok-draft"), f"draft #{j + 1}"
+        else:  # never checked (a rejection before it is already shown) or waiting for its turn
+            gone = f.phase == RESULT or f.checked > rec.n_accepted
+            cls, title = ("tok-unchecked" if gone else "tok-draft"), f"draft #{j + 1}"
         body += chip(pos.piece, cls, title)
     if f.phase == RESULT and rec.committed and rec.committed[-1].origin == rec.final_kind:  # EOS may cut it
         cls = {"resampled": "tok-resampled", "bonus": "tok-bonus"}.get(rec.final_kind, "tok-target")
@@ -177,8 +178,8 @@ def verify_table(rec: StepRecord, f: Frame) -> str:
                 f'<td style="width:38%">{gauge(pos.accept_prob, pos.u)}</td>'
                 f'<td class="verdict-{pos.verdict}">{verdict}</td></tr>')
         else:
-            after = f.phase == RESULT or j > rec.n_accepted
-            label = "not checked: an earlier draft was rejected" if after else "waiting"
+            after = f.phase == RESULT or f.checked > rec.n_accepted
+            label = "not checked" if after else "waiting"
             cls = "tok-unchecked" if after else "tok-draft"
             rows.append(f'<tr class="vrow"><td>{j + 1}</td><td>{chip(pos.piece, cls)}</td><td></td><td></td>'
                         f'<td></td><td></td><td class="verdict-unchecked">{label}</td></tr>')
@@ -207,8 +208,7 @@ def _label(piece: str) -> str:
     return repr(piece)[1:-1] or "∅"
 
 
-def bars(series: list[tuple[str, list[Candidate], str]], highlight: int | None = None, title: str = "",
-         height: int = 300) -> go.Figure:
+def bars(series: list[tuple[str, list[Candidate], str]], highlight: int | None = None, title: str = "") -> go.Figure:
     """Horizontal bars for one or more top-k lists over the union of their tokens (most likely on top)."""
     ids: dict[int, str] = {}
     for _, top, _ in series:
@@ -221,10 +221,12 @@ def bars(series: list[tuple[str, list[Candidate], str]], highlight: int | None =
     for name, top, color in series:
         fig.add_bar(y=labels, x=[_find(top, i) or 0.0 for i in order], name=name, orientation="h",
                     marker_color=color, text=[f"{(_find(top, i) or 0):.2f}" for i in order],
-                    textposition="outside", cliponaxis=False)
-    fig.update_layout(title=dict(text=title, font=dict(size=15)), barmode="group", height=height,
+                    textposition="outside", cliponaxis=False, textfont=dict(size=13))
+    height = 110 + len(order) * (18 + 14 * len(series))
+    fig.update_layout(title=dict(text=title, font=dict(size=16)), barmode="group", height=height,
+                      uniformtext=dict(minsize=12, mode="show"), bargap=0.25,
                       margin=dict(l=10, r=30, t=40 if title else 10, b=10), xaxis=dict(range=[0, 1.12]),
-                      legend=dict(orientation="h", y=-0.12), font=dict(size=14))
+                      legend=dict(orientation="h", yanchor="top", y=-0.06, x=0), font=dict(size=14))
     return fig
 
 

@@ -23,12 +23,15 @@ st.markdown(
 
 s = sidebar.current()
 plain_s = dataclasses.replace(s, drafter="none")
-if s.drafter == "none":
-    st.info("The drafter in the sidebar is `none`, so both lanes are plain decoding. Pick `lookup` or `draft` "
-            "to see speculation win (or lose).")
 c1, c2 = st.columns([1, 4], vertical_alignment="center")
 clicked = c1.button("Start the race", type="primary", key="race", icon=":material/sports_score:")
 c2.caption(s.summary())
+# fixed slots, present in every run, so the replay fragment below always sits at the same place in the page
+holder = st.empty()       # the live view of the two runs being decoded
+notices = st.container()  # errors, warnings, hints
+if s.drafter == "none":
+    notices.info("The drafter in the sidebar is `none`, so both lanes are plain decoding. Pick `lookup` or "
+                 "`draft` to see speculation win (or lose).")
 
 LANES = (("race_plain", "Plain decoding", "the target alone, one token per forward pass"),
          ("race_spec", "Speculative decoding", None))
@@ -43,7 +46,6 @@ def race() -> None:
         ss.race_error = runs.friendly(e)
         return
     ss.race_plain, ss.race_spec = plain, spec
-    holder = st.empty()
     cols = holder.container().columns(2)
     for col, run, stream, name in ((cols[0], plain, plain_stream, "plain"), (cols[1], spec, spec_stream,
                                                                              "speculative")):
@@ -70,17 +72,19 @@ def race() -> None:
 
 if clicked:
     race()
+elif (problem := runs.warm()) is not None:
+    ss.race_error = problem
 
 if ss.get("race_error"):
-    st.error(ss.race_error, icon=":material/error:")
+    notices.error(ss.race_error, icon=":material/error:")
 
 plain, spec = ss.get("race_plain"), ss.get("race_spec")
 if not (plain and spec and plain.records and spec.records):
     if not ss.get("race_error"):
-        st.info("Press **Start the race**.")
+        notices.info("Press **Start the race**.")
     st.stop()
 if "stopped" in (plain.status, spec.status):
-    st.warning("The race was interrupted before both runs finished; showing what was decoded.", icon=":material/stop_circle:")
+    notices.warning("The race was interrupted before both runs finished; showing what was decoded.", icon=":material/stop_circle:")
 
 end_s = max(plain.records[-1].elapsed, spec.records[-1].elapsed)
 
@@ -139,6 +143,10 @@ def board():
             f"{q.mean_acceptance_length:.2f} tokens per step."
             + (" Both texts are identical, as they must be at temperature 0." if same and s.temperature == 0
                else ""))
+        if not same and s.temperature == 0:
+            st.info("At temperature 0 the two texts differ: a near-tie between two tokens was broken differently "
+                    "by rounding in a one-token and a many-token forward pass (bf16 arithmetic), after which "
+                    "the texts go their own ways. The rule itself is exact.")
         if playing:
             ss.race_playing = False
             st.rerun()

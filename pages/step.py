@@ -25,6 +25,11 @@ go_clicked = c1.button("Generate", type="primary", key="generate", icon=":materi
 c2.caption(settings.summary())
 
 
+# fixed slots, present in every run, so the replay fragment below always sits at the same place in the page
+holder = st.empty()       # the live view of a run being decoded
+notices = st.container()  # errors and warnings
+
+
 def generate(s: runs.Settings) -> None:
     """Stream a run into this session's state, then measure the plain baseline for the speedup."""
     ss.pop("step_error", None)
@@ -34,8 +39,7 @@ def generate(s: runs.Settings) -> None:
         ss.step_error = runs.friendly(e)
         return
     ss.run, ss.cursor = run, F.Cursor()
-    holder = st.empty()  # cleared when the run ends; the replay takes its place
-    with holder.container(border=True):
+    with holder.container(border=True):  # cleared when the run ends; the replay takes its place
         prog = st.progress(0.0, text="Decoding…")
         st.button("Stop", key="stop", icon=":material/stop_circle:", help="Stop the run here; the steps made so far can still be replayed.")
         live = st.empty()
@@ -64,19 +68,21 @@ def generate(s: runs.Settings) -> None:
 
 if go_clicked:
     generate(settings)
+elif (problem := runs.warm()) is not None:
+    ss.step_error = problem
 
 if ss.get("step_error"):
-    st.error(ss.step_error, icon=":material/error:")
+    notices.error(ss.step_error, icon=":material/error:")
 
 run: runs.Run | None = ss.get("run")
 if run is None or not run.records:
     if not ss.get("step_error"):
-        st.info("Pick a prompt and a drafter in the sidebar (or keep the defaults) and press **Generate**.")
-    st.html(view.legend())
+        notices.info("Pick a prompt and a drafter in the sidebar (or keep the defaults) and press **Generate**.")
+    notices.html(view.legend())
     st.stop()
 
 if run.status == "stopped":
-    st.warning(f"Stopped after {len(run.records)} steps ({run.records[-1].n_generated} tokens); "
+    notices.warning(f"Stopped after {len(run.records)} steps ({run.records[-1].n_generated} tokens); "
                "the steps made so far can be replayed below.", icon=":material/stop_circle:")
 
 # ----- replay controls (callbacks change the cursor before the fragment redraws) -----
