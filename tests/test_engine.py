@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from specdec_core import InputError, SamplingParams, engine
+from specdec_core import InputError, SamplingParams, engine, load
 from specdec_core.drafters import DrafterUnavailable, make
 from specdec_core.drafters.draft_model import DraftModel
 from specdec_core.sampling import probs
@@ -209,3 +209,124 @@ def test_unknown_drafter(tiny):
 def test_draft_without_a_draft_model(tiny):
     with pytest.raises(DrafterUnavailable, match="needs a draft model"):
         make("draft", tiny)
+
+
+# ---------------------------------------------------------------- the bundled model: greedy exactness
+
+PROMPTS = {
+    "code": "Write a Python function that checks whether a number is prime.",
+    "json": 'Return a JSON object with keys "name", "age" and "city" for a 34-year-old named Ana who lives '
+            'in Lisbon.',
+    "extraction": "Extract every date from this text, one per line: The contract was signed on 3 March 2021, "
+                  "amended on 14 July 2022 and ends on 31 December 2025.",
+    "chat": "Hi! How are you today?",
+    "creative": "Write a haiku about the sea at night.",
+    "summary": "Summarize in one sentence: The city council voted on Tuesday to expand the bike lane network "
+               "by 40 kilometres over the next three years, citing rising ridership and fewer accidents on "
+               "streets that already have protected lanes.",
+    "math": "What is 17 multiplied by 23? Show your steps.",
+    "repeat": "Repeat exactly: the quick brown fox jumps over the lazy dog.",
+    "edit": "Rename the variable x to count in this code:\nx = 0\nfor item in items:\n    x += 1\nprint(x)",
+    "translate": "Translate to French: Good morning, where is the train station?",
+}
+GREEDY_TOKENS = 32
+TRUNC_LAYERS = 24
+SPEC = ("lookup", "draft-self", "draft-truncated")
+
+
+@pytest.fixture(scope="module")
+def truncated_dir(bundled, tmp_path_factory):
+    """A different draft with the target's vocabulary: its first TRUNC_LAYERS layers (plus the final norm
+    and the tied head), saved as safetensors with the tokenizer so it loads through a local directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = bundled.model.config.to_dict()
+    cfg.pop("quantization_config", None)       # the GGUF origin: the copy is plain safetensors
+    cfg.pop("layer_types", None)
+    cfg["num_hidden_layers"] = TRUNC_LAYERS
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**cfg))
+    keep = {k: v for k, v in bundled.model.state_dict().items()
+            if not k.startswith("model.layers.") or int(k.split(".")[2]) < TRUNC_LAYERS}
+    model.load_state_dict(keep, strict=True, assign=True)
+    model.tie_weights()
+    model.generation_config = bundled.model.generation_config
+    path = tmp_path_factory.mktemp("truncated")
+    model.save_pretrained(path)
+    bundled.tokenizer.save_pretrained(path)
+    assert list(path.glob("*.safetensors"))
+    return path
+
+
+def hf_greedy(lm, ids: torch.Tensor, n: int) -> list[int]:
+    ids = ids.view(1, -1).to(lm.device)
+    out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                            top_p=None, top_k=None, temperature=None)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def spec_drafters(target, truncated):
+    """name -> (drafter factory, k); the truncated draft agrees less often, so shorter drafts pay."""
+    return {"lookup": (lambda: make("lookup", target), 4),
+            "draft-self": (lambda: make("draft", target, target), 4),
+            "draft-truncated": (lambda: make("draft", target, truncated), 2)}
+
+
+def ulp_bf16(x: torch.Tensor) -> torch.Tensor:
+    return torch.exp2(torch.floor(torch.log2(x.abs().clamp(min=1e-6))) - 7)
+
+
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+def test_greedy_fp32_exact(prompt, bundled_fp32, truncated_dir, monkeypatch, one_thread):
+    """float32: plain decoding is transformers' generate, and every drafter gives exactly its tokens."""
+    target = bundled_fp32
+    truncated = load(str(truncated_dir), dtype="fp32", device="cpu")
+    assert truncated.num_layers == TRUNC_LAYERS and truncated.dtype == torch.float32
+    ids = target.encode(PROMPTS[prompt])
+    ref = hf_greedy(target, ids, GREEDY_TOKENS)
+    plain, recs, _ = engine.run(target, make("none", target), ids, max_new_tokens=GREEDY_TOKENS, detail=False)
+    assert plain == ref, "plain greedy decoding differs from transformers' generate"
+    assert_cache_lens(recs, ids.numel())
+    for name, (build, k) in spec_drafters(target, truncated).items():
+        made = capture_caches(target, monkeypatch)
+        got, recs, met = engine.run(target, build(), ids, k=k, max_new_tokens=GREEDY_TOKENS, detail=False)
+        assert got == ref, f"{name}: first difference at {next(i for i, (a, b) in enumerate(zip(got, ref)) if a != b)}"
+        assert_cache_lens(recs, ids.numel())
+        if name == "draft-truncated":   # target cache after rejections and rollbacks == a fresh prefill
+            assert met.drafted > met.accepted
+            assert_same_cache(made[0], fresh_cache(target, ids.tolist() + got[:-1]), atol=1e-4, rtol=1e-3)
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+def test_greedy_default_dtype(prompt, bundled_any, truncated_dir, one_thread):
+    """The dtype the app runs in (bf16 on most machines). Plain decoding must equal generate() exactly:
+    both run the prompt, then one token per forward. Speculation verifies several tokens per forward, and
+    bf16 rounds that differently, so a near-tie can flip; where the outputs part, both tokens must be
+    within a few bf16 steps of the top logit, and every speculative token must be the target's argmax on
+    its own prefix within that margin. Each flip is reported as a warning with its prompt and position."""
+    target = bundled_any
+    truncated = load(str(truncated_dir), dtype=target.dtype, device=target.device.type)
+    ids = target.encode(PROMPTS[prompt])
+    ref = hf_greedy(target, ids, GREEDY_TOKENS)
+    plain, recs, _ = engine.run(target, make("none", target), ids, max_new_tokens=GREEDY_TOKENS, detail=False)
+    assert plain == ref, "plain greedy decoding differs from transformers' generate"
+    assert_cache_lens(recs, ids.numel())
+    for name, (build, k) in spec_drafters(target, truncated).items():
+        got, recs, _ = engine.run(target, build(), ids, k=k, max_new_tokens=GREEDY_TOKENS, detail=False)
+        assert_cache_lens(recs, ids.numel())
+        if got == plain:
+            continue
+        ctx = ids.tolist() + got[:-1]
+        logits = target.forward(torch.tensor(ctx), target.new_cache())[ids.numel() - 1:]   # [n, V]
+        top = logits.max(-1).values
+        gap = top - logits.gather(1, torch.tensor(got, device=logits.device).view(-1, 1)).squeeze(1)
+        tol = 4 * ulp_bf16(top)
+        assert (gap <= tol).all(), f"{name}: tokens that are not the target's argmax: " \
+            f"{[(i, got[i], float(gap[i])) for i in range(len(got)) if gap[i] > tol[i]]}"
+        j = next(i for i, (a, b) in enumerate(zip(got + [-1], plain + [-1])) if a != b)
+        assert j < min(len(got), len(plain)), f"{name}: one output is a prefix of the other"
+        a, b = float(logits[j, plain[j]]), float(logits[j, got[j]])
+        assert abs(a - b) <= tol[j], f"{name} at {j}: plain {plain[j]} ({a}) vs speculative {got[j]} ({b})"
+        warnings.warn(f"bf16 near-tie flip: prompt {prompt!r}, drafter {name}, generated position {j}: "
+                      f"plain {plain[j]} {target.tokenizer.decode([plain[j]])!r} vs speculative {got[j]} "
+                      f"{target.tokenizer.decode([got[j]])!r}, logits {a:.3f} vs {b:.3f} (top {float(top[j]):.3f})")
