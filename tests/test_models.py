@@ -104,6 +104,7 @@ def test_cuda_without_gpu():
 
 
 def test_pick_dtype(monkeypatch):
+    monkeypatch.delenv("SPECDEC_DTYPE", raising=False)
     cpu = torch.device("cpu")
     assert pick_dtype(cpu, "fp32") == torch.float32 and pick_dtype(cpu, "bf16") == torch.bfloat16
     assert pick_dtype(cpu, torch.float16) == torch.float16
