@@ -66,6 +66,8 @@ def main(url: str) -> None:
         settle(page, 300)
         button(page, "race_finish").click()
         settle(page)
+        page.get_by_text("a speedup of", exact=False).wait_for(timeout=60_000)
+        settle(page)
         page.screenshot(path=str(OUT / "race.png"))
         b.close()
 
