@@ -260,9 +260,10 @@ PROMPTS = [
 ]
 
 
-def test_tree_forward_matches_plain_forwards(bundled):
-    """Every node's logits equal a plain forward over its own branch: the mask and positions are right."""
-    lm = bundled
+def test_tree_forward_matches_plain_forwards(bundled_fp32):
+    """Every node's logits equal a plain forward over its own branch: the mask and positions are right.
+    fp32, because bf16 rounding differs between forward shapes (a numeric, not an algorithmic, difference)."""
+    lm = bundled_fp32
     ids = lm.encode("Write a haiku about the sea.")
     tree = compile_tree(SMALL)
     nodes = torch.tensor([int(ids[-1]), 11, 12, 13, 14, 15, 16])
@@ -275,8 +276,7 @@ def test_tree_forward_matches_plain_forwards(bundled):
         c = lm.new_cache()
         lm.forward(ids[:-1], c)
         want = lm.forward(torch.tensor(branch), c)[-1]
-        # bf16 forwards of different shapes differ by a few tenths at most; a wrong mask or position differs by units
-        assert (logits[j] - want).abs().max() < 0.5, (j, (logits[j] - want).abs().max())
+        assert (logits[j] - want).abs().max() < 0.02, (j, (logits[j] - want).abs().max())
         assert int(logits[j].argmax()) == int(want.argmax())
     # the mask matters: node 5, (1, 0), seen through a plain causal mask would also see nodes 1, 3 and 4
     c = lm.new_cache()
@@ -285,9 +285,9 @@ def test_tree_forward_matches_plain_forwards(bundled):
     assert (causal - logits[5]).abs().max() > 2.0
 
 
-def test_compact_keeps_the_accepted_branch(bundled):
+def test_compact_keeps_the_accepted_branch(bundled_fp32):
     """After compaction the cache is the cache of the committed branch: the next forward agrees."""
-    lm = bundled
+    lm = bundled_fp32
     ids = lm.encode("Name a color.")
     tree = compile_tree(SMALL)
     nodes = torch.tensor([int(ids[-1]), 21, 22, 23, 24, 25, 26])
@@ -300,12 +300,12 @@ def test_compact_keeps_the_accepted_branch(bundled):
     got = lm.forward(torch.tensor([7]), cache)[-1]
     c = lm.new_cache()
     want = lm.forward(torch.cat([ids, torch.tensor([22, 25, 7])]), c)[-1]
-    assert (got - want).abs().max() < 0.5 and int(got.argmax()) == int(want.argmax())
+    assert (got - want).abs().max() < 0.02 and int(got.argmax()) == int(want.argmax())
 
 
-def test_untrained_heads_run_and_stay_greedy_exact(bundled):
+def test_untrained_heads_run_and_stay_greedy_exact(bundled_fp32):
     """Zero-initialised heads (each a copy of the LM head) still decode exactly the plain greedy tokens."""
-    lm = bundled
+    lm = bundled_fp32
     ids = lm.encode(PROMPTS[0])
     base, _, _ = run(lm, make("none", lm), ids, max_new_tokens=24, detail=False)
     out, recs, _ = run(lm, Medusa(lm, heads=Heads(576, 4), manifest={}), ids, max_new_tokens=24)
@@ -341,8 +341,9 @@ def _check_records(lm, ids, recs):
 
 
 @shipped
-def test_medusa_greedy_equals_plain_on_prompts(bundled):
-    lm = bundled
+def test_medusa_greedy_equals_plain_on_prompts(bundled_fp32):
+    """Token-for-token equality with plain greedy decoding (fp32: see test_tree_forward_matches_plain_forwards)."""
+    lm = bundled_fp32
     d = make("medusa", lm)
     steps = tokens = 0
     for text in PROMPTS:
