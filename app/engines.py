@@ -1,0 +1,242 @@
+"""Road to production: our settings translated into the configuration of the serving engines the lesson names.
+
+One pure function, `translate(settings)`, returns for vLLM, SGLang, TensorRT-LLM, llama.cpp and Hugging Face
+transformers: the engine's own keys for the draft source, the draft length k and the sampling settings, a
+snippet to paste, the engine's names for our metrics, and the docs each line was checked against. Where an
+engine has no counterpart for one of our settings it says "no equivalent" instead of guessing a flag.
+Engines move fast: every entry names the page it came from, so a reader can check the current spelling.
+Leviathan et al. (ICML 2023) and Chen et al. (2023) for the algorithm; Medusa: Cai et al. (2024).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+NO = "no equivalent"
+
+# our metric -> what it means here (metrics.py, vLLM's vocabulary)
+METRICS = ("acceptance rate", "mean acceptance length", "TTFT", "TPOT", "throughput")
+
+DOCS = {
+    "vllm": ["https://docs.vllm.ai/en/latest/features/speculative_decoding/n_gram/",
+             "https://docs.vllm.ai/en/v0.9.1/features/spec_decode.html",
+             "https://docs.vllm.ai/en/v0.11.0/api/vllm/config/speculative.html",
+             "https://docs.vllm.ai/en/stable/features/per_request_metrics/",
+             "https://docs.vllm.ai/en/stable/features/speculative_decoding/acceptance_metrics/"],
+    "sglang": ["https://docs.sglang.io/docs/advanced_features/speculative_decoding",
+               "https://docs.sglang.io/advanced_features/speculative_decoding.html"],
+    "tensorrt-llm": ["https://nvidia.github.io/TensorRT-LLM/features/speculative-decoding.html",
+                     "https://nvidia.github.io/TensorRT-LLM/1.4.0rc4/llm-api/reference/NGramDecodingConfig.html",
+                     "https://nvidia.github.io/TensorRT-LLM/examples/llm_medusa_decoding.html"],
+    "llama.cpp": ["https://github.com/ggml-org/llama.cpp/blob/master/docs/speculative.md",
+                  "https://github.com/ggml-org/llama.cpp/pull/10455"],
+    "transformers": ["https://huggingface.co/docs/transformers/main/en/assisted_decoding"],
+}
+TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tensorrt-llm": "TensorRT-LLM", "llama.cpp": "llama.cpp",
+          "transformers": "Hugging Face transformers"}
+ENGINES = tuple(TITLES)
+
+# the n-gram sizes our lookup drafter searches (drafters/lookup.py defaults)
+LOOKUP_MAX_N, LOOKUP_MIN_N = 3, 1
+
+
+@dataclass
+class EngineConfig:
+    engine: str
+    title: str
+    supported: bool                      # the draft source has a counterpart in this engine
+    speculative: dict                    # the engine's keys for the draft source and k (empty: plain decoding)
+    sampling: dict                       # the engine's keys for temperature, top-p, seed, max tokens
+    snippet: str                         # a command line or Python call to paste
+    metrics: dict[str, str]              # our metric -> the engine's name for it, or "no equivalent ..."
+    gaps: list[str] = field(default_factory=list)  # settings with no counterpart, in words
+    docs: list[str] = field(default_factory=list)
+
+
+def _draft_path(s) -> str:
+    # `bundled` and `distilled` are our names; a real deployment points at its own draft checkpoint
+    spec = (s.draft_model or "").strip()
+    return "<your-draft-model>" if spec in ("", "bundled", "distilled") else spec
+
+
+def _vllm(s) -> EngineConfig:
+    gaps, spec = [], {}
+    if s.drafter == "lookup":
+        spec = {"method": "ngram", "num_speculative_tokens": s.k,
+                "prompt_lookup_max": LOOKUP_MAX_N, "prompt_lookup_min": LOOKUP_MIN_N}
+    elif s.drafter == "draft":
+        spec = {"model": _draft_path(s), "num_speculative_tokens": s.k}
+    elif s.drafter == "medusa":
+        spec = {"method": "medusa", "model": "<your-medusa-heads>", "num_speculative_tokens": s.k}
+        gaps.append("our Medusa tree shape (which children are tried) has no documented key in "
+                    "speculative_config; heads must be exported in a format vLLM loads")
+    elif s.drafter == "early-exit":
+        gaps.append("early exit (the target's first layers plus a trained exit) has no equivalent method; "
+                    "vLLM's nearest self-drafting methods are EAGLE and MTP, which need their own checkpoints")
+    supported = s.drafter == "none" or bool(spec)
+    sampling = {"temperature": s.temperature, "top_p": s.top_p, "seed": s.seed, "max_tokens": s.max_new_tokens}
+    args = [f'    model="<your-target-model>",']
+    if spec:
+        args.append(f"    speculative_config={json.dumps(spec)},")
+    snippet = ("from vllm import LLM, SamplingParams\n\nllm = LLM(\n" + "\n".join(args) + "\n)\n"
+               f"params = SamplingParams(temperature={s.temperature:g}, top_p={s.top_p:g}, seed={s.seed}, "
+               f"max_tokens={s.max_new_tokens})\nout = llm.generate(prompts, params)")
+    if spec:
+        snippet += (f"\n\n# server: vllm serve <your-target-model> --speculative-config '{json.dumps(spec)}'")
+    metrics = {
+        "acceptance rate": "vllm:spec_decode_num_accepted_tokens_total / vllm:spec_decode_num_draft_tokens_total",
+        "mean acceptance length": "1 + vllm:spec_decode_num_accepted_tokens_total / vllm:spec_decode_num_drafts_total",
+        "TTFT": "time_to_first_token_ms (per-request metrics, --enable-per-request-metrics)",
+        "TPOT": "mean_itl_ms (per-request metrics)",
+        "throughput": "tokens_per_second (per-request metrics)",
+    }
+    return EngineConfig("vllm", TITLES["vllm"], supported, spec, sampling, snippet, metrics, gaps, DOCS["vllm"])
+
+
+def _sglang(s) -> EngineConfig:
+    gaps, spec = [], {}
+    if s.drafter == "lookup":
+        spec = {"--speculative-algorithm": "NGRAM", "--speculative-num-draft-tokens": s.k}
+        gaps.append("SGLang's NGRAM is CUDA-only; its n-gram sizes are its own settings, not our 1..3")
+    elif s.drafter == "draft":
+        # a chain: one candidate per step (topk 1), k steps, k + 1 tokens verified (the bonus position)
+        spec = {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": _draft_path(s),
+                "--speculative-num-steps": s.k, "--speculative-eagle-topk": 1,
+                "--speculative-num-draft-tokens": s.k + 1}
+    elif s.drafter == "medusa":
+        gaps.append("Medusa heads: no equivalent algorithm; the nearest tree drafter is EAGLE "
+                    "(--speculative-algorithm EAGLE with --speculative-eagle-topk > 1), which needs an EAGLE draft")
+    elif s.drafter == "early-exit":
+        gaps.append("early exit: no equivalent algorithm (EAGLE, EAGLE3, MTP, STANDALONE, NGRAM are offered)")
+    supported = s.drafter == "none" or bool(spec)
+    sampling = {"temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens}
+    gaps.append(f"seed {s.seed}: not translated; check your SGLang version's sampling parameters for a per-request seed")
+    flags = " ".join(f"{k} {v}" for k, v in spec.items())
+    snippet = (f"python -m sglang.launch_server --model-path <your-target-model> {flags}".rstrip()
+               + f'\n# per request: "sampling_params": {json.dumps(sampling)}')
+    metrics = {
+        "acceptance rate": NO + " as a single counter; (avg_spec_accept_length - 1) / k approximates it",
+        "mean acceptance length": "avg_spec_accept_length (GET /server_info; cumulative over the server)",
+        "TTFT": NO + " in the speculative docs; use the server's latency metrics or client-side timing",
+        "TPOT": NO + " in the speculative docs; use the server's latency metrics or client-side timing",
+        "throughput": "tokens/s from the server log or client-side timing",
+    }
+    return EngineConfig("sglang", TITLES["sglang"], supported, spec, sampling, snippet, metrics, gaps, DOCS["sglang"])
+
+
+def _trtllm(s) -> EngineConfig:
+    gaps, spec, cls = [], {}, ""
+    if s.drafter == "lookup":
+        cls = "NGramDecodingConfig"
+        spec = {"max_draft_len": s.k, "max_matching_ngram_size": LOOKUP_MAX_N}
+    elif s.drafter == "draft":
+        cls = "DraftTargetDecodingConfig"
+        spec = {"max_draft_len": s.k, "speculative_model": _draft_path(s)}
+    elif s.drafter == "medusa":
+        cls = "MedusaDecodingConfig"
+        spec = {"max_draft_len": s.k, "num_medusa_heads": "<heads in your checkpoint>",
+                "medusa_choices": "<your tree, as a list of paths>"}
+        gaps.append("Medusa runs on the TensorRT engine backend; our heads would need converting to its checkpoint")
+    elif s.drafter == "early-exit":
+        gaps.append("early exit: no equivalent decoding config (Draft/Target, EAGLE 3, N-gram, MTP, Medusa are offered)")
+    supported = s.drafter == "none" or bool(spec)
+    sampling = {"temperature": s.temperature, "top_p": s.top_p, "seed": s.seed, "max_tokens": s.max_new_tokens}
+    body = f"{cls}(" + ", ".join(f"{k}={v!r}" for k, v in spec.items()) + ")" if cls else "None"
+    snippet = ("from tensorrt_llm import LLM, SamplingParams\n"
+               + (f"from tensorrt_llm.llmapi import {cls}\n" if cls else "")
+               + f"\nllm = LLM(\"<your-target-model>\", speculative_config={body})\n"
+               f"params = SamplingParams(temperature={s.temperature:g}, top_p={s.top_p:g}, seed={s.seed}, "
+               f"max_tokens={s.max_new_tokens})")
+    metrics = {
+        "acceptance rate": "accepted_draft_tokens / drafted_tokens (the definition its acceptance_rate_threshold uses)",
+        "mean acceptance length": NO + " as a named metric; committed tokens / iterations from request stats",
+        "TTFT": NO + " in the speculative docs; measure with the benchmark tool or client-side",
+        "TPOT": NO + " in the speculative docs; measure with the benchmark tool or client-side",
+        "throughput": "tokens/s from the benchmark tool or client-side timing",
+    }
+    return EngineConfig("tensorrt-llm", TITLES["tensorrt-llm"], supported, {"class": cls, **spec} if cls else {},
+                        sampling, snippet, metrics, gaps, DOCS["tensorrt-llm"])
+
+
+def _llamacpp(s) -> EngineConfig:
+    gaps, spec = [], {}
+    if s.drafter == "lookup":
+        spec = {"--spec-type": "ngram-simple", "--draft-max": s.k, "--spec-ngram-size-n": LOOKUP_MAX_N,
+                "--spec-ngram-size-m": s.k}
+        gaps.append("ngram-simple matches one n-gram size; ours backs off from 3 to 1")
+    elif s.drafter == "draft":
+        path = _draft_path(s)
+        spec = {"--model-draft": path if path.endswith(".gguf") else path + ".gguf", "--draft-max": s.k,
+                "--draft-min": 0}
+        gaps.append("--draft-p-min stops drafting when the draft is unsure; our drafter always proposes k, so "
+                    "leave it at its default or set it low to compare like with like")
+    elif s.drafter == "medusa":
+        gaps.append("Medusa heads: no equivalent in llama-server")
+    elif s.drafter == "early-exit":
+        gaps.append("early exit: no equivalent in llama-server")
+    supported = s.drafter == "none" or bool(spec)
+    sampling = {"--temp": s.temperature, "--top-p": s.top_p, "--seed": s.seed, "--n-predict": s.max_new_tokens}
+    flags = " ".join(f"{k} {v}" for k, v in spec.items())
+    snippet = (f"llama-server -m <your-target-model>.gguf {flags} "
+               + " ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in sampling.items()))
+    metrics = {
+        "acceptance rate": "draft acceptance rate (server log: accepted / generated draft tokens)",
+        "mean acceptance length": NO + "; the log's #acc tokens and #calls give accepted drafts per call",
+        "TTFT": "timings.prompt_ms in the response (prompt processing; close to TTFT)",
+        "TPOT": "timings.predicted_per_token_ms in the response",
+        "throughput": "timings.predicted_per_second in the response",
+    }
+    return EngineConfig("llama.cpp", TITLES["llama.cpp"], supported, spec, sampling, " ".join(snippet.split()),
+                        metrics, gaps, DOCS["llama.cpp"])
+
+
+def _transformers(s) -> EngineConfig:
+    gaps, spec = [], {}
+    if s.drafter == "lookup":
+        spec = {"prompt_lookup_num_tokens": s.k}
+        gaps.append("prompt lookup's n-gram size is fixed by transformers (max_matching_ngram_size), not our 1..3 back-off")
+    elif s.drafter == "draft":
+        spec = {"assistant_model": _draft_path(s), "num_assistant_tokens": s.k,
+                "num_assistant_tokens_schedule": "constant"}
+    elif s.drafter == "medusa":
+        gaps.append("Medusa heads: no equivalent in generate()")
+    elif s.drafter == "early-exit":
+        gaps.append("early exit: no equivalent for our trained exit adapter; transformers' self-speculative mode "
+                    "(assistant_early_exit) needs a model trained for early exit")
+    supported = s.drafter == "none" or bool(spec)
+    sampling = {"do_sample": s.temperature > 0, "max_new_tokens": s.max_new_tokens}
+    if s.temperature > 0:
+        sampling.update(temperature=s.temperature, top_p=s.top_p)
+    args = ", ".join(f"{k}={v!r}" if k != "assistant_model" else "assistant_model=assistant"
+                     for k, v in {**spec, **sampling}.items())
+    snippet = ("from transformers import AutoModelForCausalLM, set_seed\n\n"
+               "model = AutoModelForCausalLM.from_pretrained(\"<your-target-model>\")\n"
+               + (f"assistant = AutoModelForCausalLM.from_pretrained({_draft_path(s)!r})\n"
+                  if "assistant_model" in spec else "")
+               + f"set_seed({s.seed})\nout = model.generate(**inputs, {args})")
+    metrics = {m: NO + ": generate() does not report it; time it with a streamer" if m in ("TTFT", "TPOT", "throughput")
+               else NO + ": generate() does not report drafted or accepted counts" for m in METRICS}
+    return EngineConfig("transformers", TITLES["transformers"], supported, spec, sampling, snippet, metrics, gaps,
+                        DOCS["transformers"])
+
+
+def translate(s) -> dict[str, EngineConfig]:
+    """Settings (app.runs.Settings or anything with its fields) -> {engine: EngineConfig}."""
+    if s.drafter not in ("none", "lookup", "draft", "early-exit", "medusa"):
+        raise ValueError(f"unknown drafter {s.drafter!r}")
+    if s.drafter != "none" and int(s.k) < 1:
+        raise ValueError(f"k must be at least 1 for drafter {s.drafter!r}, got {s.k}")
+    return {e.engine: e for e in (_vllm(s), _sglang(s), _trtllm(s), _llamacpp(s), _transformers(s))}
+
+
+def markdown(s) -> str:
+    """The translation as Markdown, for the downloadable report."""
+    out = []
+    for e in translate(s).values():
+        out.append(f"### {e.title}" + ("" if e.supported else " (draft source: no equivalent)"))
+        out.append("```\n" + e.snippet + "\n```")
+        out += [f"- {m}: {n}" for m, n in e.metrics.items()]
+        out += [f"- Gap: {g}" for g in e.gaps]
+        out.append("Docs: " + ", ".join(e.docs))
+        out.append("")
+    return "\n".join(out)
