@@ -13,16 +13,20 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ on the pa
 
 import streamlit as st  # noqa: E402
 
-from app import runs, sidebar, view  # noqa: E402
+from app import classroom, runs, sidebar, view  # noqa: E402
 
 st.set_page_config(page_title="specdec: speculative decoding, step by step", page_icon=":material/bolt:", layout="wide")
 st.html(view.CSS)
 
 nav = st.navigation([
+    st.Page(ROOT / "pages" / "walkthrough.py", title="Start here: guided walkthrough", icon=":material/flag:", url_path="start"),
     st.Page(ROOT / "pages" / "step.py", title="Step by step", icon=":material/slow_motion_video:", default=True, url_path="step"),
     st.Page(ROOT / "pages" / "race.py", title="Race", icon=":material/sports_score:", url_path="race"),
     st.Page(ROOT / "pages" / "lesson.py", title="How it works", icon=":material/school:", url_path="lesson"),
+    st.Page(ROOT / "pages" / "production.py", title="Road to production", icon=":material/rocket_launch:", url_path="production"),
 ])
 runs.settle()
+classroom.load()
 sidebar.build()
+classroom.build()
 nav.run()

@@ -1,0 +1,300 @@
+"""Start here: a guided walkthrough of the lesson, one idea per section. Each section has a live widget
+that runs the real decoder on the bundled model (behind a button, at most 24 new tokens) and ends with a
+check-yourself question answered on the page.
+Leviathan et al. (ICML 2023); Chen et al. (2023); Medusa: Cai et al. (2024); prompt lookup: Saxena (2023).
+"""
+import time
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+import torch
+
+from app import checklist, runs, sidebar, view
+from specdec_core import IncompatibleModels, SamplingParams, check_compatible, drafters, engine
+
+TOKENS = 24  # the most any widget here decodes: seconds on a CPU
+REPEAT = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat.\n\nRepeat the text exactly."
+GREEDY = SamplingParams(temperature=0.0)
+
+SECTIONS = {
+    "idle": "1 · Why decoding leaves arithmetic idle",
+    "two": "2 · Two models, and what they cost",
+    "variants": "3 · Variants: where drafts come from",
+    "exact": "4 · Why the output stays exact",
+    "workloads": "5 · Which workloads win",
+    "batching": "6 · The batching interaction",
+    "checklist": "7 · The operator's checklist",
+}
+
+
+def live(key: str, label: str, fn) -> object | None:
+    """A button that runs `fn` once per click and keeps its result in the session; errors are messages."""
+    slot = f"wt_result_{key}"
+    if st.button(label, key=f"wt_run_{key}", type="primary"):
+        with st.spinner("Running the real decoder…"):
+            try:
+                st.session_state[slot] = fn()
+            except Exception as e:  # a message on the page, never a traceback
+                st.session_state.pop(slot, None)
+                st.error(runs.friendly(e))
+    return st.session_state.get(slot)
+
+
+def quiz(key: str, question: str, options: list[str], right: int, why: str) -> None:
+    st.markdown("**Check yourself**")
+    ans = st.radio(question, options, index=None, key=f"wt_quiz_{key}")
+    if ans is None:
+        return
+    if ans == options[right]:
+        st.success(f"Right. {why}")
+    else:
+        st.error(f"Not quite: the answer is “{options[right]}”. {why}")
+
+
+def decode(drafter_name: str, prompt: str, k: int = 4, tokens: int = TOKENS, sp=GREEDY, draft_model="distilled"):
+    tgt = runs.target()
+    d = runs.make_drafter(runs.Settings(drafter=drafter_name, draft_model=draft_model, k=k), tgt)
+    ids, recs, m = engine.run(tgt, d, tgt.encode(prompt).tolist(), sp=sp, k=0 if drafter_name == "none" else k,
+                              max_new_tokens=tokens)
+    return ids, recs, m
+
+
+def chips(recs) -> None:
+    st.html(view.text_so_far(recs, len(recs) - 1))
+
+
+def refuse(tgt) -> str:
+    """Pair the target with a real (tiny, random) model whose tokenizer splits text into letters: refused."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from specdec_core import LM
+    letters = list("abcdefghijklmnopqrstuvwxyz ") + ["<s>", "</s>", "<unk>"]
+    tk = Tokenizer(models.WordLevel({c: i for i, c in enumerate(letters)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    cfg = LlamaConfig(vocab_size=len(letters), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2)
+    draft = LM(LlamaForCausalLM(cfg).eval(), tok, "letters-only draft (1 layer)")
+    try:
+        check_compatible(tgt, draft)
+    except IncompatibleModels as e:
+        return str(e)
+    return "unexpected: the pair was accepted"
+
+
+st.title("Start here: speculative decoding in seven steps")
+st.markdown("Read a section, press its button to run the **real** model (a 135 M-parameter SmolLM2 on this "
+            "machine), then answer its question. The other pages go deeper: **Step by step** replays every "
+            "verification, **Race** times the two decoders side by side, **Road to production** turns your "
+            "settings into engine flags.")
+sec = st.radio("Section", list(SECTIONS), format_func=SECTIONS.get, key="wt_section", horizontal=True)
+st.header(SECTIONS[sec])
+
+if sec == "idle":
+    st.markdown("""
+Each new token needs one forward pass, and a forward pass must read **every weight** from memory. For one
+token the arithmetic is tiny next to that read, so on a GPU the compute units mostly wait. Scoring several
+tokens in the same pass reads the weights once and uses some of the idle arithmetic: almost free.
+A **draft** spends exactly that: it guesses *k* tokens cheaply, and the target checks all of them in one pass.
+Below: the cost of one target pass on 1 token and on 8, then plain decoding against prompt lookup on a
+prompt that repeats itself, counting target passes.""")
+
+    def _idle():
+        tgt = runs.target()
+        ids = tgt.encode(REPEAT)
+        cost = {}
+        for n in (1, 8):
+            best = float("inf")
+            for _ in range(3):
+                t = time.perf_counter()
+                tgt.forward(ids[:n], tgt.new_cache())
+                best = min(best, time.perf_counter() - t)
+            cost[n] = best
+        _, _, plain = decode("none", REPEAT, tokens=16)
+        _, recs, look = decode("lookup", REPEAT, tokens=16)
+        return cost, plain, look, recs
+    r = live("idle", "Measure one pass, then decode 16 tokens both ways", _idle)
+    if r:
+        cost, plain, look, recs = r
+        c = st.columns(3)
+        c[0].metric("one pass, 1 token", f"{cost[1] * 1e3:.0f} ms")
+        c[1].metric("one pass, 8 tokens", f"{cost[8] * 1e3:.0f} ms", f"x{cost[8] / cost[1]:.2f}", delta_color="off")
+        c[2].metric("target passes for 16 tokens", f"{look.target_forwards} with lookup",
+                    f"{plain.target_forwards} plain", delta_color="off")
+        chips(recs)
+    quiz("idle", "Why can the target check k drafted tokens for about the price of one?",
+         ["The draft model does the checking", "One pass reads the weights once, whatever the number of tokens",
+          "The checked tokens skip the attention layers"], 1,
+         "Decoding one token is bound by reading the weights, not by arithmetic, so extra tokens in the same pass "
+         "ride along on compute that was idle.")
+
+elif sec == "two":
+    st.markdown("""
+The classic setup pairs the target with a **smaller draft model**. It works, and it costs: the draft's weights
+and its own KV cache take memory on the same device; it is a second model to build, deploy, version and monitor;
+and it must share the target's **vocabulary**, because verification compares p(x) and q(x) for the same token id.
+A draft that splits text into different tokens cannot be verified at all, and the pairing is refused.""")
+
+    def _two():
+        tgt = runs.target()
+        n_t = sum(p.numel() for p in tgt.model.parameters())
+        out = {"target": n_t}
+        try:
+            from specdec_core.drafters.distilled import load_draft
+            d = load_draft(tgt)
+            # the draft borrows the target's embedding (tied): count only what it adds
+            emb = d.model.get_input_embeddings().weight.numel()
+            out["draft"] = sum(p.numel() for p in d.model.parameters()) - emb
+        except Exception as e:
+            out["draft_error"] = runs.friendly(e)
+        out["refusal"] = refuse(tgt)
+        return out
+    r = live("two", "Measure the draft's cost and try an incompatible pair", _two)
+    if r:
+        c = st.columns(2)
+        c[0].metric("target parameters", f"{r['target'] / 1e6:.1f} M")
+        if "draft" in r:
+            c[1].metric("extra parameters for the draft", f"{r['draft'] / 1e6:.1f} M",
+                        f"{2 * r['draft'] / 2**20:.0f} MiB more in bf16, plus its KV cache", delta_color="off")
+        else:
+            c[1].warning(r["draft_error"])
+        st.markdown("**An incompatible pair, refused:**")
+        st.error(r["refusal"])
+    quiz("two", "Why must a draft model share the target's vocabulary?",
+         ["So it can be trained faster", "Verification compares p(x) and q(x) for the same token id",
+          "So both fit on one GPU"], 1,
+         "The acceptance rule min(1, p(x)/q(x)) only makes sense when x means the same token to both models.")
+
+elif sec == "variants":
+    st.markdown("""
+Drafts need not come from a second model. **Self-speculation** runs a cheaper slice of the target itself (here:
+its first layers plus a small trained exit). **Multi-head drafting** (Medusa) bolts extra heads onto the target
+that guess several tokens ahead at once, as a **tree** of alternatives verified in one pass. **Lookup** copies
+the continuation of an n-gram already in the context: no network at all. Each is shown on a prompt where it shines.""")
+    choices = {"lookup": ("extraction", "copying from the context"), "medusa": ("code", "code, where heads agree"),
+               "early-exit": ("chat", "factual chat at low temperature")}
+    which = st.selectbox("Variant", list(choices), key="wt_variant",
+                         format_func=lambda n: f"{n}: {drafters.DESCRIPTIONS[n]}")
+    wname, why = choices[which]
+    w = sidebar.PRESETS.get(wname)
+    prompt = w.prompts[0] if w else REPEAT
+    st.caption(f"Prompt ({why}): {prompt[:160]}{'…' if len(prompt) > 160 else ''}")
+    r = live("variants", f"Decode {TOKENS} tokens with {which}", lambda: (which, decode(which, prompt)))
+    if r:
+        name, (_, recs, m) = r
+        c = st.columns(3)
+        c[0].metric("drafter", name)
+        c[1].metric("acceptance rate", f"{m.acceptance_rate:.0%}")
+        c[2].metric("tokens per target pass", f"{m.mean_acceptance_length:.2f}")
+        chips(recs)
+    quiz("variants", "Which draft source needs no neural network at all?",
+         ["Medusa heads", "Early exit", "Prompt lookup"], 2,
+         "Lookup only searches the context for an n-gram and copies what followed it.")
+
+elif sec == "exact":
+    st.markdown("""
+The target has the last word on every token. A drafted token x is kept with probability min(1, p(x)/q(x)); on
+the first rejection the target draws a replacement from norm(max(0, p − q)), the part of its distribution the
+draft under-covered. Adding the two paths gives exactly p(x) for every x: the text has **the target's
+distribution**, whatever the draft (Leviathan et al. 2023, Thm. 1). With greedy decoding that means the
+**same tokens**. Below, plain decoding and prompt lookup on the same prompt, token by token.""")
+
+    def _exact():
+        a, _, _ = decode("none", REPEAT)
+        b, recs, m = decode("lookup", REPEAT)
+        return a, b, recs, m
+    r = live("exact", f"Decode {TOKENS} tokens with and without the draft (greedy)", _exact)
+    if r:
+        a, b, recs, m = r
+        same = a == b
+        (st.success if same else st.warning)(
+            f"{'Identical' if same else 'Different'}: {len(a)} tokens plain, {len(b)} with lookup, "
+            f"{m.steps} verification steps instead of {len(a)}." + ("" if same else
+            " In bf16 two nearly tied tokens can round differently in a many-token pass: the implementation, "
+            "not the rule."))
+        chips(recs)
+    quiz("exact", "A bad draft is used. What happens to the output distribution?",
+         ["It drifts toward the draft's", "It stays the target's; only speed suffers", "It becomes greedy"], 1,
+         "Rejections correct every mistake with the residual distribution, so a bad draft costs time, never accuracy.")
+
+elif sec == "workloads":
+    st.markdown("The lesson's expectations, and our prompt-lookup acceptance measured on one prompt of each "
+                "(greedy, at most 12 tokens each).")
+    st.table(pd.DataFrame([{"Workload": w.label, "Expected benefit": w.expected, "Why": w.why}
+                           for w in sidebar.WORKLOADS.values()]).set_index("Workload"))
+
+    def _work():
+        rows = []
+        for name, w in sidebar.PRESETS.items():
+            sp = SamplingParams(temperature=w.temperature, seed=0)
+            _, _, m = decode("lookup", w.prompts[0], tokens=12, sp=sp)
+            rows.append({"workload": w.label, "temperature": w.temperature, "expected": w.expected,
+                         "acceptance rate": round(m.acceptance_rate, 2),
+                         "tokens per target pass": round(m.mean_acceptance_length, 2)})
+        return pd.DataFrame(rows).set_index("workload")
+    r = live("workloads", "Measure lookup on each workload", _work)
+    if r is not None:
+        st.dataframe(r)
+    quiz("workloads", "Why does high-temperature creative writing gain little?",
+         ["The prompts are longer", "Hot sampling flattens p, so drafts rarely match what the target samples",
+          "The draft refuses to run"], 1,
+         "Acceptance falls when the target's distribution is flat, and the drafting overhead can exceed the win.")
+
+elif sec == "batching":
+    st.markdown("""
+Batching many requests into each step is another way to turn idle arithmetic into work, and it needs no
+acceptance luck. Once a batch fills the compute, verifying k extra tokens per request competes with other
+requests: speculation is a **latency** tool for interactive, low-batch traffic, not a throughput tool for
+saturated serving. Below: the cost of one target pass as the batch grows, with 1 token per request (plain)
+and 5 (four drafts plus the bonus). On this CPU there is little idle arithmetic, so the gap shows early.""")
+
+    def _batch():
+        tgt = runs.target()
+        rows = []
+        for b in (1, 4, 8):
+            for t in (1, 5):
+                ids = torch.randint(0, tgt.vocab_size, (b, t), device=tgt.device)
+                best = float("inf")
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    with torch.inference_mode():
+                        tgt.model(ids)
+                    best = min(best, time.perf_counter() - t0)
+                rows.append({"batch": b, "tokens per request": t, "ms per pass": round(best * 1e3, 1)})
+        df = pd.DataFrame(rows).pivot(index="batch", columns="tokens per request", values="ms per pass")
+        df["verify / plain"] = (df[5] / df[1]).round(2)
+        return df
+    r = live("batching", "Time target passes at batch 1, 4 and 8", _batch)
+    if r is not None:
+        st.dataframe(r)
+        st.caption("The ratio in the last column is what 4 drafts cost over plain decoding in one pass; as it "
+                   "grows with the batch, the drafts must be accepted more often just to break even.")
+    quiz("batching", "A server runs saturated batches all day. What should it expect from speculative decoding?",
+         ["A large throughput gain", "Little or even a loss: the idle compute is already used by the batch",
+          "Different output text"], 1,
+         "At high load batching already spends the spare compute, so verification FLOPs compete with other requests.")
+
+else:
+    st.markdown("""
+1. Enable speculation on a **copy of real traffic**, not a benchmark you picked.
+2. Read the **acceptance rate** the engine reports.
+3. Compare **TTFT, TPOT and throughput** against the baseline, same prompts, same process.
+4. Check the **output contract**: fixed prompts, greedy on and off, diff the tokens.
+5. Keep it only where the numbers earn it. Low acceptance is the workload telling you it is hard to draft.
+
+The **Road to production** page runs this on several prompts and writes a report; here, one prompt.""")
+    st.page_link(Path(__file__).parent / "production.py", label="Open Road to production", icon=":material/rocket_launch:")
+
+    def _check():
+        tgt = runs.target()
+        return checklist.run(tgt, lambda: drafters.make("lookup", tgt), [REPEAT], k=4, max_new_tokens=16)
+    r = live("checklist", "Run the checklist on one prompt (lookup, 16 tokens)", _check)
+    if r:
+        st.markdown(checklist.verdict(r))
+        st.dataframe(checklist.table(r))
+    quiz("checklist", "Acceptance is 15 % on your traffic. What does it tell you?",
+         ["The implementation is broken", "This workload is hard to draft: keep speculation off here",
+          "Increase k until it improves"], 1,
+         "A low acceptance rate is the technique reporting that the text is not predictable enough to draft.")
+
