@@ -104,6 +104,7 @@ prompt that repeats itself, counting target passes.""")
         tgt = runs.target()
         ids = tgt.encode(REPEAT)
         cost = {}
+        tgt.forward(ids[:8], tgt.new_cache())  # warm-up: the first call pays one-off setup
         for n in (1, 8):
             best = float("inf")
             for _ in range(3):
@@ -252,6 +253,8 @@ and 5 (four drafts plus the bonus). On this CPU there is little idle arithmetic,
     def _batch():
         tgt = runs.target()
         rows = []
+        with torch.inference_mode():
+            tgt.model(torch.zeros(1, 1, dtype=torch.long, device=tgt.device))  # warm-up
         for b in (1, 4, 8):
             for t in (1, 5):
                 ids = torch.randint(0, tgt.vocab_size, (b, t), device=tgt.device)
@@ -261,9 +264,9 @@ and 5 (four drafts plus the bonus). On this CPU there is little idle arithmetic,
                     with torch.inference_mode():
                         tgt.model(ids)
                     best = min(best, time.perf_counter() - t0)
-                rows.append({"batch": b, "tokens per request": t, "ms per pass": round(best * 1e3, 1)})
-        df = pd.DataFrame(rows).pivot(index="batch", columns="tokens per request", values="ms per pass")
-        df["verify / plain"] = (df[5] / df[1]).round(2)
+                rows.append({"batch": b, "tokens per request": f"ms, {t} per request", "ms": round(best * 1e3, 1)})
+        df = pd.DataFrame(rows).pivot(index="batch", columns="tokens per request", values="ms")
+        df["verify / plain"] = (df["ms, 5 per request"] / df["ms, 1 per request"]).round(2)
         return df
     r = live("batching", "Time target passes at batch 1, 4 and 8", _batch)
     if r is not None:
