@@ -14,18 +14,28 @@ from ..sampling import probs, sample
 from . import DraftContext, Proposal
 
 
-class DraftModel:
-    name = "draft"
+class CachedDraft:
+    """An autoregressive draft with its own KV cache, kept in step with the committed text.
+
+    Subclasses say how to make a cache and how to run ids through it (`_new_cache`, `_forward`)."""
+    name = "cached-draft"
     default_k = 4
 
-    def __init__(self, lm: LM, target: LM | None = None):
-        if target is not None and lm is not target:
-            check_compatible(target, lm)
-        self.lm = lm
+    def __init__(self):
         self.cache, self.seen = None, []
 
+    def _new_cache(self):
+        raise NotImplementedError
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        """Run ids after what the cache holds; returns the logits [V] for the next token."""
+        raise NotImplementedError
+
+    def _info(self) -> dict:
+        return {}
+
     def begin(self, prompt: list[int]) -> None:
-        self.cache, self.seen = self.lm.new_cache(), []
+        self.cache, self.seen = self._new_cache(), []
 
     def _sync(self, tokens: list[int]) -> torch.Tensor:
         """Crop the cache to the prefix it shares with `tokens` and run the rest (at least one token).
@@ -41,7 +51,7 @@ class DraftModel:
         if drop > 0:
             self.cache.crop(-drop)
         self.seen = list(tokens)
-        return self.lm.forward(torch.tensor(tokens[keep:]), self.cache, last_only=True)[-1]
+        return self._forward(tokens[keep:])
 
     def propose(self, ctx: DraftContext) -> Proposal:
         logits = self._sync(ctx.tokens)
@@ -52,13 +62,31 @@ class DraftModel:
             out.append(x)
             qs.append(q)
             if i < ctx.k - 1:
-                logits = self.lm.forward(torch.tensor([x]), self.cache)[-1]
+                logits = self._forward([x])
                 self.seen.append(x)
         return Proposal(torch.tensor(out, dtype=torch.long), torch.stack(qs) if qs else None,
-                        forwards=max(ctx.k, 1))
+                        forwards=max(ctx.k, 1), info=self._info())
 
     def feedback(self, ctx: DraftContext, n_accepted: int) -> None:
         pass  # rollback happens lazily in _sync, against what was actually committed
 
     def cache_len(self) -> int:
         return self.cache.get_seq_length() if self.cache is not None else 0
+
+
+class DraftModel(CachedDraft):
+    """A separate model as the draft."""
+    name = "draft"
+    default_k = 4
+
+    def __init__(self, lm: LM, target: LM | None = None):
+        super().__init__()
+        if target is not None and lm is not target:
+            check_compatible(target, lm)
+        self.lm = lm
+
+    def _new_cache(self):
+        return self.lm.new_cache()
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        return self.lm.forward(torch.tensor(ids), self.cache, last_only=True)[-1]

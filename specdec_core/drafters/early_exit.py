@@ -21,8 +21,7 @@ import torch
 from torch import nn
 
 from ..models import LM, ModelError
-from ..sampling import probs, sample
-from . import DraftContext, Proposal
+from .draft_model import CachedDraft
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 
@@ -123,7 +122,7 @@ def manifest(path: Path | None = None) -> dict:
     return json.loads(path.read_text())
 
 
-class EarlyExit:
+class EarlyExit(CachedDraft):
     name = "early-exit"
     default_k = 3
 
@@ -137,10 +136,10 @@ class EarlyExit:
         self.head = target.model.get_output_embeddings()
         self._kw = cache_kw(self.trunk)
         self.default_k = default_k or getattr(ex, "default_k", None) or self.default_k
-        self.cache, self.seen = None, []
+        super().__init__()
 
-    def begin(self, prompt: list[int]) -> None:
-        self.cache, self.seen = new_cache(self.trunk), []
+    def _new_cache(self):
+        return new_cache(self.trunk)
 
     @torch.inference_mode()
     def _forward(self, ids: list[int]) -> torch.Tensor:
@@ -148,35 +147,5 @@ class EarlyExit:
         h = self.trunk(input_ids=x, **{self._kw: self.cache}, use_cache=True).last_hidden_state  # [1, n, d]
         return self.ex(h[0, -1:], self.head)[-1].float()                                          # [V]
 
-    def _sync(self, tokens: list[int]) -> torch.Tensor:
-        common = 0
-        for a, b in zip(self.seen, tokens):
-            if a != b:
-                break
-            common += 1
-        keep = min(common, len(tokens) - 1)
-        drop = self.cache.get_seq_length() - keep
-        if drop > 0:
-            self.cache.crop(-drop)
-        self.seen = list(tokens)
-        return self._forward(tokens[keep:])
-
-    def propose(self, ctx: DraftContext) -> Proposal:
-        logits = self._sync(ctx.tokens)
-        out, qs = [], []
-        for i in range(ctx.k):
-            q = probs(logits, ctx.sp)                                # [V]
-            x = int(q.argmax()) if ctx.sp.greedy else int(sample(q, ctx.gen))
-            out.append(x)
-            qs.append(q)
-            if i < ctx.k - 1:
-                logits = self._forward([x])
-                self.seen.append(x)
-        return Proposal(torch.tensor(out, dtype=torch.long), torch.stack(qs) if qs else None,
-                        forwards=max(ctx.k, 1), info={"exit_layer": self.ex.layers})
-
-    def feedback(self, ctx: DraftContext, n_accepted: int) -> None:
-        pass  # rollback happens lazily in _sync
-
-    def cache_len(self) -> int:
-        return self.cache.get_seq_length() if self.cache is not None else 0
+    def _info(self) -> dict:
+        return {"exit_layer": self.ex.layers}
