@@ -1,0 +1,347 @@
+"""Shared machinery of the measurement pages (workloads, temperature, batch size, draft length, output contract).
+
+A measurement is a stream of points: each is drawn as soon as it is measured (a progress bar and a plotly chart
+redrawn after every point), and the finished result is kept in st.session_state under the page's key, so a rerun
+(any click) shows it again without recomputing. A measurement cut off by a rerun keeps the points it made.
+Baseline and speculative runs are measured one after the other in this process, never at the same time, so they
+do not share the CPU (speedup as in Leviathan et al. 2023: tokens/s with speculation over tokens/s without).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+from scipy.stats import chi2_contingency
+
+from specdec_core import InputError, SamplingParams, drafters, engine
+from specdec_core.batch import run_batch
+from specdec_core.metrics import summarize
+from specdec_core.workloads import WORKLOADS
+
+from . import runs
+from .runs import Settings, UserError
+
+SPEC = tuple(n for n in drafters.NAMES if n != "none")   # what can be measured against the baseline
+COLORS = {"none": "#546e7a", "lookup": "#2e7d32", "draft": "#1565c0", "early-exit": "#ef6c00",
+          "medusa": "#7b1fa2"}
+BASE_COLOR = "#546e7a"
+FONT = dict(size=14)
+
+
+# -- results kept per session ------------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    params: dict                     # what was measured (controls included), shown with the result
+    rows: list[dict] = field(default_factory=list)
+    status: str = "running"          # running | done | stopped | failed
+    error: str = ""
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)   # drafters skipped and why
+    extra: dict = field(default_factory=dict)        # page-specific data beyond the table (e.g. histograms)
+
+
+def settle(key: str) -> None:
+    """At the top of a page: a measurement still marked running was cut off by a rerun, so it stops there."""
+    r = st.session_state.get(key)
+    if r is not None and r.status == "running":
+        r.status = "stopped"
+
+
+def stored(key: str) -> Result | None:
+    return st.session_state.get(key)
+
+
+def begin(key: str, params: dict) -> Result:
+    res = Result(dict(params))
+    st.session_state[key] = res
+    return res
+
+
+def show_status(res: Result, params: dict) -> None:
+    """What the result was measured with, and whether it is complete and current."""
+    st.caption("Measured with: " + " · ".join(f"{k} {v}" for k, v in res.params.items())
+               + f" · in {res.seconds:.1f} s")
+    for n in res.notes:
+        st.warning(n, icon=":material/warning:")
+    if res.status == "failed":
+        st.error(res.error, icon=":material/error:")
+    elif res.status == "stopped":
+        st.warning("The measurement was interrupted (a control was touched while it ran); showing the points "
+                   "it made.", icon=":material/stop_circle:")
+    if res.params != params:
+        st.info("The controls have changed since this measurement: press the button above to measure again.",
+                icon=":material/info:")
+
+
+class Live:
+    """A progress bar and a chart slot; tick() after each prompt, draw() after each point."""
+
+    def __init__(self, key: str, total: int, label: str):
+        self.key, self.total, self.label, self.n, self.draws, self.shown = key, max(1, total), label, 0, 0, -1.0
+        self.t0 = time.perf_counter()
+        self.box = st.empty()   # cleared when the measurement ends; the finished result takes its place
+        with self.box.container(border=True):
+            self.bar = st.progress(0.0, text=f"{label}…")
+            self.chart = st.empty()
+
+    def tick(self, what: str = "") -> None:
+        self.n += 1
+        frac = min(1.0, self.n / self.total)
+        if frac - self.shown < 0.01 and self.n < self.total:   # many tiny runs: redraw the bar every 1%
+            return
+        self.shown = frac
+        self.bar.progress(frac, text=f"{self.label}: {self.n} of {self.total} runs, {time.perf_counter() - self.t0:.0f} s"
+                               + (f" · {what}" if what else ""))
+
+    def draw(self, fig: go.Figure) -> None:
+        self.draws += 1  # a new key per draw: each is a new element within this script run
+        self.chart.plotly_chart(fig, key=f"{self.key}_live_{self.draws}", width="stretch")
+
+    def close(self) -> None:
+        self.box.empty()
+
+
+def collect(res: Result, points: Iterable[dict], live: Live | None = None,
+            figure: Callable[[list[dict]], go.Figure] | None = None) -> Result:
+    """Consume a stream of points into res, redrawing the live chart after each; errors become a message."""
+    t0 = time.perf_counter()
+    try:
+        for p in points:
+            res.rows.append(p)
+            res.seconds = time.perf_counter() - t0
+            if live is not None and figure is not None:
+                live.draw(figure(res.rows))
+        res.status = "done"
+    except Exception as e:  # every failure becomes a message on the page, keeping the points made so far
+        res.status, res.error = "failed", runs.friendly(e)
+    res.seconds = time.perf_counter() - t0
+    if live is not None:
+        live.close()
+    return res
+
+
+# -- controls ----------------------------------------------------------------------------------------------------
+
+def pick_drafters(key: str, default: tuple[str, ...] = ("lookup",), exclude: tuple[str, ...] = (),
+                  help: str = "") -> list[str]:
+    opts = [n for n in SPEC if n not in exclude]
+    st.session_state.setdefault(key, [d for d in default if d in opts])
+    chosen = st.multiselect("Drafters to measure (each against plain decoding)", opts, key=key,
+                            format_func=lambda n: f"{n}: {drafters.DESCRIPTIONS.get(n, '')}",
+                            help=help or "Plain decoding (`none`) is always measured too: it is the baseline.")
+    return [n for n in opts if n in chosen]
+
+
+def pick_values(label: str, key: str, options: list, default: list, help: str = "", fmt=str) -> list:
+    st.session_state.setdefault(key, list(default))
+    chosen = st.multiselect(label, options, key=key, help=help, format_func=fmt)
+    return sorted(chosen)
+
+
+def workload_prompts(name: str) -> tuple[str, ...]:
+    return WORKLOADS[name].prompts
+
+
+def label(name: str, s: Settings) -> str:
+    return f"draft ({s.draft_model})" if name == "draft" else name
+
+
+def resolve(names: list[str], s: Settings, tgt) -> tuple[list[tuple[str, object]], list[str]]:
+    """(name, draft_lm) for each drafter that can be built; a plain-words note for each that cannot."""
+    ok, notes = [], []
+    for n in names:
+        try:
+            runs.make_drafter(dataclasses.replace(s, drafter=n), tgt)   # builds one: fails here, not mid-sweep
+        except UserError as e:
+            notes.append(f"Skipped `{n}`: {e}")
+            continue
+        spec = (s.draft_model or "").strip()
+        lm = None if n != "draft" else tgt if spec == runs.BUNDLED else None if spec == runs.DISTILLED \
+            else runs.model(spec)
+        ok.append((n, lm))
+    return ok, notes
+
+
+def encode(tgt, texts: Iterable[str]) -> list[list[int]]:
+    try:
+        return [tgt.encode(t).tolist() for t in texts]
+    except InputError as e:
+        raise UserError(str(e)) from e
+
+
+def sampling(temperature: float, s: Settings, seed: int | None = None) -> SamplingParams:
+    try:
+        return SamplingParams(float(temperature), 0, float(s.top_p), int(s.seed if seed is None else seed))
+    except InputError as e:
+        raise UserError(str(e)) from e
+
+
+# -- side-by-side runs -------------------------------------------------------------------------------------------
+
+def side_by_side(tgt, prompts: list[list[int]], sp: SamplingParams, k: int | None, max_new: int,
+                 specs: list[tuple[str, object]], tick: Callable[[str], None] | None = None):
+    """Each prompt: plain decoding once, then each drafter, one after the other.
+    -> (baseline runs, {name: runs}) with each run = (ids, records, metrics)."""
+    base, spec = [], {n: [] for n, _ in specs}
+    none = drafters.make("none", tgt)
+    for i, ids in enumerate(prompts):
+        base.append(engine.run(tgt, none, ids, sp=sp, max_new_tokens=max_new, detail=False))
+        if tick:
+            tick(f"prompt {i + 1}, plain")
+        for n, lm in specs:
+            spec[n].append(engine.run(tgt, drafters.make(n, tgt, lm), ids, sp=sp, k=k, max_new_tokens=max_new,
+                                      detail=False))
+            if tick:
+                tick(f"prompt {i + 1}, {n}")
+    return base, spec
+
+
+def timings(recs_runs: list[list], base_runs: list[list]) -> dict:
+    """Where the time goes, from the StepRecords: draft seconds per drafted token, one plain target forward,
+    and one verification forward over the pending token plus the drafts. c = draft per token / target forward
+    is Leviathan et al.'s cost ratio. The first step of each run is left out: its target work is the prefill."""
+    drafted = sum(r.k for recs in recs_runs for r in recs)
+    t_draft = sum(r.t_draft for recs in recs_runs for r in recs if r.k)
+    plain = [r.t_score for recs in base_runs for r in recs if r.index > 0]
+    verify = [r.t_score for recs in recs_runs for r in recs if r.index > 0 and r.k]
+    fwd = sum(plain) / len(plain) if plain else 0.0
+    per_tok = t_draft / drafted if drafted else 0.0
+    return {"draft_ms_per_token": 1e3 * per_tok, "target_forward_ms": 1e3 * fwd,
+            "verify_forward_ms": 1e3 * (sum(verify) / len(verify)) if verify else 0.0,
+            "cost_ratio_c": per_tok / fwd if fwd else 0.0}
+
+
+def point(base: list[tuple], spec: list[tuple]) -> dict:
+    """One row from paired runs (same prompts, same settings): the metrics of the design notes."""
+    def agg(rs):
+        ms = [m for _, _, m in rs]
+        tok, sec = sum(m.tokens for m in ms), sum(m.total_s for m in ms)
+        later = sum(max(0, m.tokens - 1) for m in ms)
+        return {"tokens": tok, "tokens_per_s": tok / sec if sec else 0.0,
+                "ttft_ms": 1e3 * sum(m.ttft_s for m in ms) / len(ms),
+                "tpot_ms": 1e3 * sum(m.total_s - m.ttft_s for m in ms) / later if later else 0.0,
+                "steps": sum(m.steps for m in ms), "drafted": sum(m.drafted for m in ms),
+                "accepted": sum(m.accepted for m in ms),
+                "target_forwards": sum(m.target_forwards for m in ms)}
+    b, s = agg(base), agg(spec)
+    kmax = max((r.k for _, recs, _ in spec for r in recs), default=0)
+    tried, ok = [0] * kmax, [0] * kmax
+    for _, recs, _ in spec:
+        for r in recs:
+            for i in range(r.k):
+                tried[i] += 1
+                ok[i] += i < r.n_accepted
+    return {"acceptance_rate": s["accepted"] / s["drafted"] if s["drafted"] else 0.0,
+            "mean_acceptance_length": s["tokens"] / s["steps"] if s["steps"] else 0.0,
+            "ttft_ms": s["ttft_ms"], "baseline_ttft_ms": b["ttft_ms"],
+            "tpot_ms": s["tpot_ms"], "baseline_tpot_ms": b["tpot_ms"],
+            "tokens_per_s": s["tokens_per_s"], "baseline_tokens_per_s": b["tokens_per_s"],
+            "speedup": s["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else 0.0,
+            "tokens": s["tokens"], "drafted": s["drafted"], "accepted": s["accepted"],
+            "target_forwards": s["target_forwards"], "baseline_target_forwards": b["target_forwards"],
+            "identical_outputs": sum(a[0] == c[0] for a, c in zip(base, spec)), "prompts": len(base),
+            "per_position_acceptance": [o / t if t else 0.0 for o, t in zip(ok, tried)],
+            "per_position_tried": tried,
+            **timings([recs for _, recs, _ in spec], [recs for _, recs, _ in base])}
+
+
+def batch_point(tgt, rows: list[list[int]], sp: SamplingParams, k: int | None, max_new: int,
+                specs: list[tuple[str, object]], tick=None) -> dict[str, dict]:
+    """One batch of len(rows) sequences decoded together (batch.py), plain and per drafter -> {name: row}."""
+    def one(name, lm):
+        res = run_batch(tgt, lambda: drafters.make(name, tgt, lm), rows, sp=sp, k=k, max_new_tokens=max_new)
+        tok = sum(len(t) for t in res.tokens)
+        sec, first = res.steps[-1].elapsed, res.steps[0].elapsed
+        per_row = tok / len(rows)
+        if tick:
+            tick(f"batch of {len(rows)}, {name}")
+        return {"tokens": tok, "tokens_per_s": tok / sec if sec else 0.0, "ttft_ms": 1e3 * first,
+                "tpot_ms": 1e3 * (sec - first) / (per_row - 1) if per_row > 1 else 0.0,
+                "drafted": sum(sum(s.drafted) for s in res.steps), "accepted": sum(sum(s.accepted) for s in res.steps),
+                "row_steps": sum(s.active for s in res.steps), "target_forwards": res.steps[-1].target_forwards,
+                "ids": res.tokens}
+    b = one("none", None)
+    out = {}
+    for n, lm in specs:
+        s = one(n, lm)
+        out[n] = {"acceptance_rate": s["accepted"] / s["drafted"] if s["drafted"] else 0.0,
+                  "mean_acceptance_length": s["tokens"] / s["row_steps"] if s["row_steps"] else 0.0,
+                  "ttft_ms": s["ttft_ms"], "baseline_ttft_ms": b["ttft_ms"],
+                  "tpot_ms": s["tpot_ms"], "baseline_tpot_ms": b["tpot_ms"],
+                  "tokens_per_s": s["tokens_per_s"], "baseline_tokens_per_s": b["tokens_per_s"],
+                  "speedup": s["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else 0.0,
+                  "tokens": s["tokens"], "drafted": s["drafted"], "accepted": s["accepted"],
+                  "target_forwards": s["target_forwards"], "baseline_target_forwards": b["target_forwards"],
+                  "identical_outputs": sum(x == y for x, y in zip(b["ids"], s["ids"])), "prompts": len(rows)}
+    return out
+
+
+# -- drawing -----------------------------------------------------------------------------------------------------
+
+def color(name: str) -> str:
+    return COLORS.get(name.split(" ")[0], "#37474f")
+
+
+def layout(fig: go.Figure, height: int = 420, **kw) -> go.Figure:
+    kw = {"margin": dict(l=10, r=10, t=50, b=10), "legend": dict(orientation="h", yanchor="bottom", y=1.04, x=0),
+          **kw}
+    fig.update_layout(height=height, font=FONT, **kw)
+    return fig
+
+
+def table(df: pd.DataFrame, name: str, note: str = "") -> None:
+    """The table on the page and a CSV download of exactly what it shows."""
+    st.dataframe(df, hide_index=True, width="stretch")
+    st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=f"specdec-{name}.csv",
+                       mime="text/csv", key=f"{name}_csv", icon=":material/download:", on_click="ignore",
+                       help=note or "The table above as a CSV file.")
+
+
+def verdict(speedup: float) -> str:
+    """The measured benefit in the lesson's words (thresholds stated on the workloads page)."""
+    if speedup >= 1.5:
+        return "High"
+    if speedup >= 1.15:
+        return "Moderate"
+    if speedup >= 1.0:
+        return "Low"
+    return "Negative"
+
+
+def two_sample(a: dict, b: dict, seed: int = 0, shuffles: int = 1000) -> dict:
+    """Two samples of outcomes: TV distance, chi-square two-sample test (rare outcomes pooled so every expected
+    count is >= 5), and the TV distance chance alone gives (labels shuffled `shuffles` times)."""
+    na, nb = sum(a.values()), sum(b.values())
+    if not na or not nb:
+        raise ValueError("both samples need at least one outcome")
+    keys = sorted(set(a) | set(b), key=lambda t: -(a.get(t, 0) + b.get(t, 0)))
+    tv = 0.5 * sum(abs(a.get(t, 0) / na - b.get(t, 0) / nb) for t in keys)
+    tot = {t: a.get(t, 0) + b.get(t, 0) for t in keys}
+    share = min(na, nb) / (na + nb)     # expected count of an outcome on the smaller side, per pooled run
+    cols = [[a.get(t, 0), b.get(t, 0)] for t in keys if tot[t] * share >= 5]
+    rest = [t for t in keys if tot[t] * share < 5]
+    if rest:   # rare outcomes pooled as "other"; a still-thin "other" joins the rarest frequent bin
+        other = [sum(a.get(t, 0) for t in rest), sum(b.get(t, 0) for t in rest)]
+        if sum(other) * share >= 5 or not cols:
+            cols.append(other)
+        else:
+            cols[-1] = [cols[-1][0] + other[0], cols[-1][1] + other[1]]
+    chi = pval = None
+    if len(cols) > 1:
+        chi, pval, _, _ = chi2_contingency(np.array(cols).T)
+    rng = np.random.default_rng(seed)
+    idx = np.repeat(np.arange(len(keys)), [tot[t] for t in keys])
+    null = []
+    for _ in range(shuffles):
+        rng.shuffle(idx)
+        ca, cb = np.bincount(idx[:na], minlength=len(keys)), np.bincount(idx[na:], minlength=len(keys))
+        null.append(0.5 * np.abs(ca / na - cb / nb).sum())
+    return {"tv": tv, "chi2": chi, "p_value": pval, "bins": len(cols), "tv_chance_median": float(np.median(null)),
+            "tv_chance_95": float(np.quantile(null, 0.95))}

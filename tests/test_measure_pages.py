@@ -1,0 +1,204 @@
+"""The measurement pages (workloads, temperature, batch size, draft length, output contract) under AppTest on the
+real bundled model, with small sweeps: each measures what its controls ask, its table agrees with its own runs
+and with the theory it quotes, a rerun shows the stored result without recomputing, a drafter that cannot run
+is a warning and is skipped; and the two-sample comparison behind the contract page on known counts.
+"""
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.measure import two_sample
+from specdec_core.sweeps import expected_speedup
+from specdec_core.workloads import WORKLOADS
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = str(ROOT / "app" / "main.py")
+TIMEOUT = 300  # a cold model load plus a small sweep on a busy 2-core machine
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    """On a shared 2-core machine a 2-thread pool spins against other processes; one thread is steadier."""
+
+
+def open_page(page: str, **controls) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page(f"../pages/{page}.py").run()
+    assert not at.exception, at.exception
+    for key, val in controls.items():
+        w = next(ws(key) for ws in (at.multiselect, at.slider, at.select_slider, at.number_input, at.selectbox,
+                                    at.text_input) if any(e.key == key for e in ws))
+        w.set_value(val)
+        at.run()
+        assert not at.exception, at.exception
+    return at
+
+
+def click(at: AppTest, key: str) -> AppTest:
+    at.button(key=key).click().run()
+    assert not at.exception, at.exception
+    return at
+
+
+def text(at: AppTest) -> str:
+    return "\n".join([m.value for m in at.markdown] + [m.value for m in at.success] + [m.value for m in at.warning]
+                     + [c.value for c in at.caption] + [e.value for e in at.error] + [i.value for i in at.info])
+
+
+def test_each_measure_page_renders_and_waits_for_its_button():
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
+    at.run()
+    for page, title, button in (("workloads", "Workloads", "wl_go"), ("temperature", "Temperature", "temp_go"),
+                                ("batch", "Batch size", "bs_go"), ("draft_length", "Draft length", "k_go"),
+                                ("contract", "Output contract", "ct_greedy_go")):
+        at.switch_page(f"../pages/{page}.py").run()
+        assert not at.exception, (page, at.exception)
+        assert at.title[0].value.startswith(title)
+        assert not at.button(key=button).disabled
+        assert at.multiselect[0].value == ["lookup"]       # default drafter
+        assert not at.get("plotly_chart")                   # nothing measured until asked
+    at.switch_page("../pages/batch.py").run()
+    offered = at.multiselect(key="bs_drafters").options
+    assert offered and not any(o.startswith("medusa") for o in offered)   # trees are not batched here
+
+
+def test_workloads_page_measures_each_row_and_keeps_it_across_reruns():
+    at = open_page("workloads", wl_which=["extraction", "batch"], wl_prompts=1, wl_max_new=8, wl_batch=4)
+    click(at, "wl_go")
+    res = at.session_state["measure_workloads"]
+    assert res.status == "done", res.error
+    assert [r["Workload"] for r in res.rows] == [WORKLOADS["extraction"].label, WORKLOADS["batch"].label]
+    ext, bat = res.rows
+    assert ext["Prompts"] == 1 and bat["Batch size"] == 4
+    for r, w in zip(res.rows, ("extraction", "batch")):
+        assert r["Expected benefit (lesson)"] == WORKLOADS[w].expected
+        assert r["Temperature"] == WORKLOADS[w].temperature
+        assert r["Speedup"] == pytest.approx(r["Throughput spec (tok/s)"] / r["Throughput plain (tok/s)"])
+        assert 0.0 <= r["Acceptance rate"] <= 1.0 and r["Mean acceptance length"] >= 1.0
+        assert r["TTFT plain (ms)"] > 0 and r["TPOT spec (ms)"] > 0
+    # prompt lookup on a copy-the-text prompt drafts and gets some drafts accepted
+    assert ext["Acceptance rate"] > 0
+    assert len(at.get("plotly_chart")) == 1
+    assert at.download_button(key="workloads_csv")
+    # a rerun (any click) shows the stored result: same object, same timing, nothing recomputed
+    seconds = res.seconds
+    at.run()
+    assert at.session_state["measure_workloads"] is res and res.seconds == seconds
+    assert len(at.get("plotly_chart")) == 1
+    # touching a control marks the result as out of date instead of dropping it
+    at.slider(key="wl_prompts").set_value(2).run()
+    assert "controls have changed" in text(at)
+
+
+def test_temperature_page_one_point_per_temperature():
+    at = open_page("temperature", temp_values=[0.0, 1.5], temp_prompts=1, temp_max_new=8)
+    click(at, "temp_go")
+    res = at.session_state["measure_temperature"]
+    assert res.status == "done", res.error
+    assert [(r["drafter"], r["temperature"]) for r in res.rows] == [("lookup", 0.0), ("lookup", 1.5)]
+    for r in res.rows:
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / r["baseline_tokens_per_s"])
+    assert "acceptance" in text(at) and at.get("plotly_chart")
+
+
+def test_batch_page_speedup_per_batch_size():
+    at = open_page("batch", bs_sizes=[1, 2], bs_max_new=8)
+    click(at, "bs_go")
+    res = at.session_state["measure_batch"]
+    assert res.status == "done", res.error
+    assert [r["batch_size"] for r in res.rows] == [1, 2]
+    for r in res.rows:
+        assert r["tokens"] <= 8 * r["batch_size"]
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / r["baseline_tokens_per_s"])
+    assert "stops paying" in text(at) or "still pays" in text(at)
+
+
+def test_draft_length_page_draws_leviathan_from_measured_alpha_and_c():
+    at = open_page("draft_length", k_values=[1, 3], k_prompts=1, k_max_new=8)
+    click(at, "k_go")
+    res = at.session_state["measure_k"]
+    assert res.status == "done", res.error
+    assert [r["k"] for r in res.rows] == [1, 3]
+    for r in res.rows:
+        assert len(r["per_position_acceptance"]) <= r["k"]
+        assert r["target_forward_ms"] > 0 and r["cost_ratio_c"] >= 0
+        assert r["cost_ratio_c"] == pytest.approx(r["draft_ms_per_token"] / r["target_forward_ms"])
+    # the shown prediction uses alpha pooled over the sweep and the measured c
+    drafted = sum(r["drafted"] for r in res.rows)
+    alpha = sum(r["accepted"] for r in res.rows) / drafted
+    assert f"α = **{alpha:.2f}**" in text(at)
+    table = at.dataframe[0].value
+    c = float(text(at).split("c = ")[1].split("**")[0])
+    for _, row in table.iterrows():
+        assert row["predicted_speedup"] == pytest.approx(expected_speedup(alpha, int(row["k"]), c), abs=2e-3)
+
+
+def test_contract_page_greedy_diff_and_sampled_comparison():
+    at = open_page("contract", ct_prompts=1, ct_max_new=8, ct_samples=50, ct_span=2)
+    click(at, "ct_greedy_go")
+    g = at.session_state["measure_contract_greedy"]
+    assert g.status == "done", g.error
+    (row,) = g.rows
+    assert row["Identical"] == (row["plain"] == row["spec"])
+    assert row["Tokens plain"] == len(row["plain"]) <= 8
+    click(at, "ct_sample_go")
+    res = at.session_state["measure_contract_sampled"]
+    assert res.status == "done", res.error
+    counts = res.extra["counts"]
+    assert set(counts) == {"none", "lookup"}
+    assert all(sum(c.values()) == 50 for c in counts.values())
+    assert all(len(t) <= 2 for c in counts.values() for t in c)
+    (r,) = res.rows
+    assert r["Drafts checked in the span"] >= r["Drafts accepted in the span"] >= 0
+    assert r["Drafts checked in the span"] > 0     # the rule really decided some of the compared tokens
+    assert r["p-value"] is None or 0.0 <= r["p-value"] <= 1.0
+    ref = res.extra["ref"]
+    assert ref and all(0.0 <= v <= 1.0 for v in ref.values()) and sum(ref.values()) <= 1.0 + 1e-6
+    # the greedy result is still there after the second measurement
+    assert at.session_state["measure_contract_greedy"] is g
+
+
+def test_a_drafter_that_cannot_run_is_a_warning_and_skipped():
+    at = open_page("temperature", temp_drafters=["lookup", "draft"], temp_values=[0.0], temp_prompts=1,
+                   temp_max_new=4, drafter="draft", draft_model="./no-such-model")  # the sidebar's draft model
+    click(at, "temp_go")
+    res = at.session_state["measure_temperature"]
+    assert res.status == "done"
+    assert [r["drafter"] for r in res.rows] == ["lookup"]
+    assert any("Skipped `draft`" in w.value and "does not exist" in w.value for w in at.warning)
+    # nothing that can run: an error on the page, no traceback
+    at.multiselect(key="temp_drafters").set_value(["draft"]).run()
+    click(at, "temp_go")
+    assert at.session_state["measure_temperature"].status == "failed"
+    assert any("None of the chosen drafters" in e.value for e in at.error)
+
+
+def test_two_sample_on_known_counts():
+    same = two_sample({"a": 60, "b": 30, "c": 10}, {"a": 60, "b": 30, "c": 10}, shuffles=200)
+    assert same["tv"] == 0.0 and same["p_value"] == pytest.approx(1.0)
+    far = two_sample({"a": 150, "b": 50}, {"a": 50, "b": 150}, shuffles=200)
+    assert far["tv"] == pytest.approx(0.5) and far["p_value"] < 1e-6
+    assert far["tv"] > far["tv_chance_95"]
+    # rare outcomes are pooled so every expected count is at least 5
+    rare = two_sample({"a": 50, "b": 40, "x": 5, "y": 5}, {"a": 50, "b": 42, "z": 8})
+    assert rare["bins"] == 3 and rare["p_value"] > 0.05          # a, b and "other" (x, y, z)
+    thin = two_sample({"a": 50, "b": 46, "x": 2, "y": 2}, {"a": 48, "b": 48, "z": 4})
+    assert thin["bins"] == 2                                     # a thin "other" joins b
+    # one outcome only: nothing to test
+    assert two_sample({"a": 10}, {"a": 20})["p_value"] is None
+    with pytest.raises(ValueError):
+        two_sample({}, {"a": 1})
+
+
+def test_two_sample_holds_its_level_on_equal_distributions():
+    """Samples drawn from one law: p < 0.05 in about 5% of trials (and TV inside its chance band as often)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    law = [0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02]
+    low = 0
+    for _ in range(200):
+        a, b = (dict(enumerate(rng.multinomial(200, law))) for _ in range(2))
+        low += two_sample(a, b, shuffles=50)["p_value"] < 0.05
+    assert low <= 25       # binomial(200, 0.05): mean 10, P(> 25) < 1e-4
