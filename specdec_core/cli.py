@@ -30,6 +30,7 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     ap.add_argument("--dtype", default=None, help="bf16 | fp32 | fp16 (default: picked for the device)")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -65,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _models(args) -> tuple[LM, LM | None]:
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)  # on a shared machine one thread each beats oversubscribed spinning
     target = load(args.model, dtype=args.dtype, device=args.device)
     draft = None
     if args.draft_model:
