@@ -289,9 +289,12 @@ def color(name: str) -> str:
     return COLORS.get(name.split(" ")[0], "#37474f")
 
 
-def layout(fig: go.Figure, height: int = 420, **kw) -> go.Figure:
-    kw = {"margin": dict(l=10, r=10, t=50, b=10), "legend": dict(orientation="h", yanchor="bottom", y=1.04, x=0),
-          **kw}
+def layout(fig: go.Figure, height: int = 420, below: bool = False, **kw) -> go.Figure:
+    """Shared look. The legend sits top right (titles are on the left), or below the axes for side-by-side
+    panels, whose titles run across the top."""
+    legend = dict(orientation="h", yanchor="top", y=-0.22, x=0) if below else \
+        dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1)
+    kw = {"margin": dict(l=10, r=10, t=60, b=10), "legend": legend, **kw}
     fig.update_layout(height=height, font=FONT, **kw)
     return fig
 

@@ -70,7 +70,7 @@ def figure(rows: list[dict]) -> go.Figure:
     fig.update_xaxes(title="batch size (requests decoded together)", type="log", tickvals=SIZES,
                      ticktext=[str(b) for b in SIZES])
     fig.update_yaxes(rangemode="tozero")
-    return measure.layout(fig, 430)
+    return measure.layout(fig, 470, below=True)
 
 
 def points(tgt, specs, live):
@@ -128,12 +128,14 @@ st.markdown(
     "(dashed) gains from batching because one forward pass serves every request. Right: speculative over plain "
     "throughput at the same batch size; below the dashed line speculation makes the server slower.")
 st.markdown(
-    "**Why a CPU may differ from the lesson.** On a GPU, a step for 1 request and for 16 requests take about the "
-    "same time, until the arithmetic units fill up; that is where the lesson's turning point comes from. On "
-    "this CPU a bigger batch costs more per step almost at once, and every row is padded to the longest draft "
-    "in the batch (acceptance is ragged), so the positions speculation adds are paid for in every row even "
-    "where they are thrown away. The turning point comes at a much smaller batch than on a GPU, for a related "
-    "reason: there is little idle compute to spend.")
+    "**Why a CPU may differ from the lesson.** On a GPU a decode step for 1 request and for 16 takes about the "
+    "same time until the arithmetic units fill up: batching and speculation both spend that spare capacity, "
+    "and at high load batching, which needs no acceptance luck, is the better use of it. A CPU has far less "
+    "to spare; the dashed line shows how much batching still gains here all the same. Speculation inside a "
+    "batch pays for the longest draft in every row (acceptance is ragged, so rows are padded to the same "
+    "length) and computes the rejected positions of every row, so its cost grows with the batch while its "
+    "gain per request does not. The requests also differ: a larger batch mixes in prompts that are easier "
+    "or harder to draft, which moves the acceptance rate too.")
 cols = ["drafter", "batch_size", "acceptance_rate", "mean_acceptance_length", "tokens_per_s",
         "baseline_tokens_per_s", "speedup", "tokens", "target_forwards", "baseline_target_forwards",
         "same_tokens_as_baseline"]

@@ -20,6 +20,7 @@ KEY_G, KEY_S = "measure_contract_greedy", "measure_contract_sampled"
 PROMPTS = [(f"{n}-{i + 1}", w.prompts[i]) for i in range(2) for n, w in WORKLOADS.items()
            if w.batch_size == 1 and len(w.prompts) > i]
 SAMPLES = [50, 100, 200, 500, 1000]
+NEAR_TIE = 0.1      # a probability gap that bf16 rounding of a many-token pass can plausibly flip
 SHOWN = 12          # histogram bars: the most frequent outcomes, the rest pooled as "other"
 ss = st.session_state
 measure.settle(KEY_G)
@@ -136,11 +137,16 @@ else:
         msg = f"**{same} of {len(df)}** decodings are token-for-token identical to plain decoding."
         if len(ties):
             gaps = (ties["p(plain token)"] - ties["p(spec token)"]).abs()
-            msg += (f" Where they differ, the two competing tokens had target probabilities within "
-                    f"**{gaps.max():.3f}** of each other (largest gap): a near-tie. The model runs in "
-                    f"{str(runs.target().dtype).replace('torch.', '')}; a pass over several tokens rounds "
-                    "differently from a pass over one, which can flip such a tie, and from there the texts go "
-                    "their own ways. The acceptance rule itself is exact; a large gap here would point to a bug.")
+            dtype = str(runs.target().dtype).replace("torch.", "")
+            if gaps.max() < NEAR_TIE:
+                msg += (f" Where they differ, the two competing tokens had target probabilities within "
+                        f"**{gaps.max():.3f}** of each other (largest gap): near-ties. The model runs in {dtype}; "
+                        "a pass over several tokens rounds differently from a pass over one, which can flip such "
+                        "a tie, and from there the texts go their own ways. The acceptance rule itself is exact.")
+            else:
+                msg += (f" Where they differ, the two competing tokens' target probabilities are up to "
+                        f"**{gaps.max():.3f}** apart: more than rounding in {dtype} should flip. Look at the "
+                        "rows below; this may be a bug between the rule and the text.")
         (st.success if same == len(df) else st.warning)(msg)
         tgt = runs.target()
         for r in res.rows:

@@ -100,8 +100,7 @@ def figure(rows: list[dict]) -> go.Figure:
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
     fig.update_yaxes(rangemode="tozero", row=1, col=2)
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=3)
-    return measure.layout(fig, 450, barmode="group", legend=dict(orientation="h", yanchor="top", y=-0.18, x=0),
-                          margin=dict(l=10, r=10, t=40, b=10))
+    return measure.layout(fig, 480, below=True, barmode="group")
 
 
 def points(tgt, specs, live):
@@ -158,7 +157,8 @@ for d, t in th.items():
         f"**`{d}`.** Measured α = **{t['alpha']:.2f}** ({int(t['drafted'])} drafted tokens, all k pooled). "
         f"Cost ratio **c = {t['c']:.3f}**: drafting took {t['draft_ms']:.2f} ms per drafted token and one plain "
         f"target forward pass {t['forward_ms']:.1f} ms (both from the steps' own timers, prefill left out). "
-        f"The formula's best k is **{kbest}** (predicted {pred[kbest]:.2f}×); the best measured k was "
+        f"Among k = 1…{max(KS)} the formula peaks at **k = {kbest}** (predicted {pred[kbest]:.2f}×); the best "
+        f"measured k was "
         f"**{int(best['k'])}** at **{best['speedup']:.2f}×**.{vtxt}")
 st.markdown(
     "**How to read it.** Dotted lines are the prediction, dots the measurement. Left: speedup. Middle: tokens "
@@ -170,8 +170,9 @@ st.markdown(
     "independently with the same probability α, and that verifying k + 1 tokens costs the same as one target "
     "pass. On a CPU the second is roughly true for short drafts (per-pass overhead dominates) but the pass grows "
     "slowly with k, and Python bookkeeping per step adds a fixed cost the formula does not count. Acceptance "
-    "is not independent either: the right panel shows it changing with position (a drafter that copies text "
-    "is usually right for the whole span or wrong at the first token). Prompt lookup also drafts nothing when "
+    "is not independent either: the right panel may show it changing with position (a drafter that copies text, "
+    "once its first guesses are right, is usually copying the right span, so later positions are kept more "
+    "often). Prompt lookup also drafts nothing when "
     "it finds no match, so some steps are plain decoding whatever k is.")
 cols = ["drafter", "k", "acceptance_rate", "mean_acceptance_length", "tokens_per_s", "baseline_tokens_per_s",
         "speedup", "draft_ms_per_token", "target_forward_ms", "verify_forward_ms", "cost_ratio_c", "drafted",

@@ -62,7 +62,7 @@ def figure(rows: list[dict]) -> go.Figure:
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=1)
     fig.update_yaxes(rangemode="tozero", row=1, col=2)
     fig.update_yaxes(rangemode="tozero", row=1, col=3)
-    return measure.layout(fig, 430)
+    return measure.layout(fig, 470, below=True)
 
 
 def points(tgt, specs, live):

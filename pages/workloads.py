@@ -51,28 +51,24 @@ st.caption(f"Sidebar settings used: k = {s.k}, top-p {s.top_p:g}, seed {s.seed}.
 
 def figure(rows: list[dict]) -> go.Figure:
     fig = go.Figure()
-    order = [WORKLOADS[n].label for n in which]
     for d in dict.fromkeys(r["Drafter"] for r in rows):
         rs = [r for r in rows if r["Drafter"] == d]
-        fig.add_bar(x=[r["Workload"] for r in rs], y=[r["Speedup"] for r in rs], name=d,
+        fig.add_bar(x=[r["name"] for r in rs], y=[r["Speedup"] for r in rs], name=d,
                     marker_color=measure.color(d), text=[f"{r['Speedup']:.2f}×" for r in rs],
-                    textposition="outside", cliponaxis=False)
-    fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c",
-                  annotation_text="1× = no gain (below: slower than plain)", annotation_position="top left")
-    for n in which:
-        fig.add_annotation(x=WORKLOADS[n].label, y=0, yref="paper", yshift=-2, showarrow=False,
-                           text=f"lesson: {WORKLOADS[n].expected}", font=dict(size=12, color="#455a64"),
-                           yanchor="top")
-    fig.update_xaxes(categoryorder="array", categoryarray=order, tickangle=0)
+                    textposition="outside", cliponaxis=False,
+                    customdata=[[r["Workload"], r["Acceptance rate"]] for r in rs],
+                    hovertemplate="%{customdata[0]}: %{y:.2f}×, acceptance %{customdata[1]:.0%}<extra>" + d + "</extra>")
+    fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c")
+    fig.update_xaxes(categoryorder="array", categoryarray=which, tickvals=which,
+                     ticktext=[f"<b>{n}</b><br>lesson: {WORKLOADS[n].expected}" for n in which])
     fig.update_yaxes(title="speedup (× plain tokens/s)", rangemode="tozero")
-    return measure.layout(fig, 460, barmode="group", margin=dict(l=10, r=10, t=50, b=70),
-                          title="Measured speedup per workload")
+    return measure.layout(fig, 460, barmode="group", title="Measured speedup per workload")
 
 
 def row(name: str, who: str, p: dict, n: int) -> dict:
     w = WORKLOADS[name]
-    return {"Workload": w.label, "Drafter": who, "Temperature": w.temperature,
-            "Prompts" if w.batch_size == 1 else "Batch size": n,
+    return {"name": name, "Workload": w.label, "Drafter": who, "Temperature": w.temperature,
+            "Requests": n, "Decoded": "one at a time" if w.batch_size == 1 else "as one batch",
             "Expected benefit (lesson)": w.expected, "Measured benefit": measure.verdict(p["speedup"]),
             "Speedup": p["speedup"], "Acceptance rate": p["acceptance_rate"],
             "Mean acceptance length": p["mean_acceptance_length"],
@@ -143,7 +139,8 @@ st.markdown(
     f"{agree} of {len(df)} rows land in the lesson's own category.")
 st.markdown(
     "**How to read it.** Speedup is tokens per second with speculation divided by tokens per second without, "
-    "for the same prompts and settings. *Measured benefit* names it in the lesson's words: High ≥ 1.5×, "
+    "for the same prompts and settings; the dashed line is 1×, no gain, and a bar below it means speculation made "
+    "decoding slower. *Measured benefit* names it in the lesson's words: High ≥ 1.5×, "
     "Moderate 1.15–1.5×, Low 1–1.15×, Negative below 1× (speculation made it slower). A low acceptance rate is "
     "not a failure: it is the workload telling you it is not predictable enough to draft.")
 st.markdown(
@@ -156,4 +153,4 @@ st.markdown(
     "with the other requests. Prompt lookup drafts only when the text repeats, which is why it shines on "
     "extraction and barely moves creative writing.")
 num = df.select_dtypes("number").columns
-measure.table(df.round({c: 3 for c in num}), "workloads")
+measure.table(df.drop(columns=["name"]).round({c: 3 for c in num}), "workloads")

@@ -71,7 +71,8 @@ def test_workloads_page_measures_each_row_and_keeps_it_across_reruns():
     assert res.status == "done", res.error
     assert [r["Workload"] for r in res.rows] == [WORKLOADS["extraction"].label, WORKLOADS["batch"].label]
     ext, bat = res.rows
-    assert ext["Prompts"] == 1 and bat["Batch size"] == 4
+    assert (ext["Requests"], ext["Decoded"]) == (1, "one at a time")
+    assert (bat["Requests"], bat["Decoded"]) == (4, "as one batch")
     for r, w in zip(res.rows, ("extraction", "batch")):
         assert r["Expected benefit (lesson)"] == WORKLOADS[w].expected
         assert r["Temperature"] == WORKLOADS[w].temperature
