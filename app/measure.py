@@ -21,7 +21,6 @@ from scipy.stats import chi2_contingency
 
 from specdec_core import InputError, SamplingParams, drafters, engine
 from specdec_core.batch import run_batch
-from specdec_core.metrics import summarize
 from specdec_core.workloads import WORKLOADS
 
 from . import runs

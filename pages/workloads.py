@@ -146,11 +146,12 @@ st.markdown(
 st.markdown(
     "**Why this machine may disagree with the lesson.** The lesson reasons about a GPU, where one decode step is "
     "slow because the weights must be read from memory, so checking several tokens costs about as much as "
-    "making one. On a CPU the fixed cost of each forward pass dominates too, so verifying k drafts is again "
-    "nearly free, and the lesson's ordering usually holds. Batch serving differs most: on a GPU a large batch "
-    "already uses the spare arithmetic speculation would need, while on a CPU a batch costs more per step and "
-    "ragged acceptance pads every row to the longest draft, so the batch row shows how verification competes "
-    "with the other requests. Prompt lookup drafts only when the text repeats, which is why it shines on "
-    "extraction and barely moves creative writing.")
+    "making one. On this CPU a forward pass also has a large fixed cost (per-call overhead), so verifying k "
+    "drafts is again nearly free and the same ordering can appear; but a few prompts with short answers give "
+    "noisy numbers, and other programs running on the machine move them. Batch serving differs most: on a GPU "
+    "a large batch already uses the spare arithmetic speculation would need; here the batch pays for the "
+    "longest draft in every row (acceptance is ragged, rows are padded) and for every rejected position, so "
+    "verification competes with the other requests. Prompt lookup drafts only when the text repeats, which is "
+    "why it does best where the answer copies the prompt.")
 num = df.select_dtypes("number").columns
 measure.table(df.drop(columns=["name"]).round({c: 3 for c in num}), "workloads")
