@@ -128,6 +128,39 @@ def collect(res: Result, points: Iterable[dict], live: Live | None = None,
 
 # -- controls ----------------------------------------------------------------------------------------------------
 
+def measure(key: str, params: dict, names: list[str], s: Settings, total: Callable[[list], int],
+            points: Callable, figure: Callable | None = None, verb: str = "Sweeping") -> None:
+    """Resolve the chosen drafters, then collect points with a progress bar and a chart redrawn per point."""
+    res = begin(key, params)
+    try:
+        tgt = runs.target()
+        specs, res.notes = resolve(names, s, tgt)
+    except UserError as e:
+        res.status, res.error = "failed", str(e)
+        return
+    if not specs:
+        res.status, res.error = "failed", "None of the chosen drafters can run here (see the warnings)."
+        return
+    live = Live(key, total(specs), verb)
+    collect(res, points(tgt, specs, live), live, figure)
+
+
+def results(key: str, params: dict, clicked: bool, run: Callable[[], None], hint: str) -> Result:
+    """Run on a click (else warm the model), then the stored result with its status; stops the page if empty."""
+    if clicked:
+        run()
+    elif (problem := runs.warm()) is not None:
+        st.error(problem, icon=":material/error:")
+    res = stored(key)
+    if res is None:
+        st.info(hint, icon=":material/info:")
+        st.stop()
+    show_status(res, params)
+    if not res.rows:
+        st.stop()
+    return res
+
+
 def pick_drafters(key: str, default: tuple[str, ...] = ("lookup",), exclude: tuple[str, ...] = (),
                   help: str = "") -> list[str]:
     opts = [n for n in SPEC if n not in exclude]

@@ -114,32 +114,12 @@ def points(tgt, specs, live):
 
 
 def sweep() -> None:
-    res = measure.begin(KEY, params)
-    try:
-        tgt = runs.target()
-        specs, res.notes = measure.resolve(names, s, tgt)
-    except runs.UserError as e:
-        res.status, res.error = "failed", str(e)
-        return
-    if not specs:
-        res.status, res.error = "failed", "None of the chosen drafters can run here (see the warnings)."
-        return
-    live = measure.Live(KEY, 2 * len(specs) * len(ks) * n_prompts, "Sweeping")
-    measure.collect(res, points(tgt, specs, live), live, figure)
+    measure.measure(KEY, params, names, s, lambda specs: 2 * len(specs) * len(ks) * n_prompts, points, figure,
+                    "Sweeping")
 
 
-if go_clicked:
-    sweep()
-elif (problem := runs.warm()) is not None:
-    st.error(problem, icon=":material/error:")
-
-res = measure.stored(KEY)
-if res is None:
-    st.info("Pick drafters and draft lengths, then press **Sweep the draft length**.", icon=":material/info:")
-    st.stop()
-measure.show_status(res, params)
-if not res.rows:
-    st.stop()
+res = measure.results(KEY, params, go_clicked, sweep,
+                      "Pick drafters and draft lengths, then press **Sweep the draft length**.")
 
 st.plotly_chart(figure(res.rows), key="k_chart", width="stretch")
 df = pd.DataFrame(res.rows)

@@ -96,36 +96,18 @@ def points(tgt, specs, live):
                 yield row(name, measure.label(n, s), measure.point(base, spec[n]), len(ids))
 
 
+def total(specs) -> int:
+    runs_per = [1 if WORKLOADS[n].batch_size > 1 else min(n_prompts, len(WORKLOADS[n].prompts)) for n in which]
+    return (1 + len(specs)) * sum(runs_per)
+
+
 def measure_all() -> None:
-    res = measure.begin(KEY, params)
-    try:
-        tgt = runs.target()
-        specs, res.notes = measure.resolve(names, s, tgt)
-    except runs.UserError as e:
-        res.status, res.error = "failed", str(e)
-        return
-    if not specs:
-        res.status, res.error = "failed", "None of the chosen drafters can run here (see the warnings)."
-        return
-    total = sum((1 + len(specs)) * (1 if WORKLOADS[n].batch_size > 1 else min(n_prompts, len(WORKLOADS[n].prompts)))
-                for n in which)
-    live = measure.Live(KEY, total, "Measuring")
-    measure.collect(res, points(tgt, specs, live), live, figure)
+    measure.measure(KEY, params, names, s, total, points, figure, "Measuring")
 
 
-if go_clicked:
-    measure_all()
-elif (problem := runs.warm()) is not None:
-    st.error(problem, icon=":material/error:")
-
-res = measure.stored(KEY)
-if res is None:
-    st.info("Pick drafters and press **Measure the workloads**. With the defaults this takes well under a "
-            "minute on a laptop CPU.", icon=":material/info:")
-    st.stop()
-measure.show_status(res, params)
-if not res.rows:
-    st.stop()
+res = measure.results(KEY, params, go_clicked, measure_all,
+                      "Pick drafters and press **Measure the workloads**. With the defaults this takes well under a "
+                      "minute on a laptop CPU.")
 
 st.plotly_chart(figure(res.rows), key="wl_chart", width="stretch")
 df = pd.DataFrame(res.rows)
