@@ -21,6 +21,7 @@ from scipy.stats import chi2_contingency
 
 from specdec_core import InputError, SamplingParams, drafters, engine
 from specdec_core.batch import run_batch
+from specdec_core.metrics import per_position
 from specdec_core.workloads import WORKLOADS
 
 from . import runs
@@ -263,13 +264,7 @@ def point(base: list[tuple], spec: list[tuple]) -> dict:
                 "accepted": sum(m.accepted for m in ms),
                 "target_forwards": sum(m.target_forwards for m in ms)}
     b, s = agg(base), agg(spec)
-    kmax = max((r.k for _, recs, _ in spec for r in recs), default=0)
-    tried, ok = [0] * kmax, [0] * kmax
-    for _, recs, _ in spec:
-        for r in recs:
-            for i in range(r.k):
-                tried[i] += 1
-                ok[i] += i < r.n_accepted
+    tried, ok = per_position(r for _, recs, _ in spec for r in recs)
     return {"acceptance_rate": s["accepted"] / s["drafted"] if s["drafted"] else 0.0,
             "mean_acceptance_length": s["tokens"] / s["steps"] if s["steps"] else 0.0,
             "ttft_ms": s["ttft_ms"], "baseline_ttft_ms": b["ttft_ms"],

@@ -35,6 +35,19 @@ class RunMetrics:
         return d
 
 
+def per_position(records) -> tuple[list[int], list[int]]:
+    """(tried, accepted) counts for each draft position over any number of step records."""
+    tried, ok = [], []
+    for r in records:
+        if r.k > len(tried):
+            tried += [0] * (r.k - len(tried))
+            ok += [0] * (r.k - len(ok))
+        for i in range(r.k):
+            tried[i] += 1
+            ok[i] += i < r.n_accepted
+    return tried, ok
+
+
 def summarize(records: list[StepRecord]) -> RunMetrics:
     if not records:
         raise ValueError("no steps to summarize")
@@ -43,12 +56,7 @@ def summarize(records: list[StepRecord]) -> RunMetrics:
     ttft = records[0].elapsed
     drafted = sum(r.k for r in records)
     accepted = sum(r.n_accepted for r in records)
-    kmax = max(r.k for r in records)
-    tried, ok = [0] * kmax, [0] * kmax
-    for r in records:
-        for i in range(r.k):
-            tried[i] += 1
-            ok[i] += i < r.n_accepted
+    tried, ok = per_position(records)
     return RunMetrics(
         tokens=tokens, total_s=total, ttft_s=ttft,
         tpot_s=(total - ttft) / (tokens - 1) if tokens > 1 else 0.0,

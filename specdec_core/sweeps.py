@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Iterator
 from .batch import run_batch
 from .drafters import make
 from .engine import run
+from .metrics import per_position
 from .models import LM
 from .sampling import SamplingParams
 
@@ -38,13 +39,7 @@ def _point(runs: list[tuple], base: list[tuple]) -> dict:
     drafted = sum(m.drafted for _, _, m in runs)
     accepted = sum(m.accepted for _, _, m in runs)
     steps = sum(m.steps for _, _, m in runs)
-    kmax = max((len(m.per_position_acceptance) for _, _, m in runs), default=0)
-    tried, ok = [0] * kmax, [0] * kmax
-    for _, recs, _ in runs:
-        for r in recs:
-            for i in range(r.k):
-                tried[i] += 1
-                ok[i] += i < r.n_accepted
+    tried, ok = per_position(r for _, recs, _ in runs for r in recs)
     tps, btps = tok / sec if sec else 0.0, btok / bsec if bsec else 0.0
     return {"acceptance_rate": accepted / drafted if drafted else 0.0,
             "mean_acceptance_length": tok / steps if steps else 0.0,
