@@ -265,18 +265,23 @@ def point(base: list[tuple], spec: list[tuple]) -> dict:
                 "target_forwards": sum(m.target_forwards for m in ms)}
     b, s = agg(base), agg(spec)
     tried, ok = per_position(r for _, recs, _ in spec for r in recs)
+    return {**compare(s, b, s["steps"], sum(a[0] == c[0] for a, c in zip(base, spec)), len(base)),
+            "per_position_acceptance": [o / t if t else 0.0 for o, t in zip(ok, tried)],
+            "per_position_tried": tried,
+            **timings([recs for _, recs, _ in spec], [recs for _, recs, _ in base])}
+
+
+def compare(s: dict, b: dict, steps: int, identical: int, prompts: int) -> dict:
+    """One table row: speculative totals `s` against baseline totals `b` (tokens, timings, counts)."""
     return {"acceptance_rate": s["accepted"] / s["drafted"] if s["drafted"] else 0.0,
-            "mean_acceptance_length": s["tokens"] / s["steps"] if s["steps"] else 0.0,
+            "mean_acceptance_length": s["tokens"] / steps if steps else 0.0,
             "ttft_ms": s["ttft_ms"], "baseline_ttft_ms": b["ttft_ms"],
             "tpot_ms": s["tpot_ms"], "baseline_tpot_ms": b["tpot_ms"],
             "tokens_per_s": s["tokens_per_s"], "baseline_tokens_per_s": b["tokens_per_s"],
             "speedup": s["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else 0.0,
             "tokens": s["tokens"], "drafted": s["drafted"], "accepted": s["accepted"],
             "target_forwards": s["target_forwards"], "baseline_target_forwards": b["target_forwards"],
-            "identical_outputs": sum(a[0] == c[0] for a, c in zip(base, spec)), "prompts": len(base),
-            "per_position_acceptance": [o / t if t else 0.0 for o, t in zip(ok, tried)],
-            "per_position_tried": tried,
-            **timings([recs for _, recs, _ in spec], [recs for _, recs, _ in base])}
+            "identical_outputs": identical, "prompts": prompts}
 
 
 def batch_point(tgt, rows: list[list[int]], sp: SamplingParams, k: int | None, max_new: int,
@@ -298,15 +303,7 @@ def batch_point(tgt, rows: list[list[int]], sp: SamplingParams, k: int | None, m
     out = {}
     for n, lm in specs:
         s = one(n, lm)
-        out[n] = {"acceptance_rate": s["accepted"] / s["drafted"] if s["drafted"] else 0.0,
-                  "mean_acceptance_length": s["tokens"] / s["row_steps"] if s["row_steps"] else 0.0,
-                  "ttft_ms": s["ttft_ms"], "baseline_ttft_ms": b["ttft_ms"],
-                  "tpot_ms": s["tpot_ms"], "baseline_tpot_ms": b["tpot_ms"],
-                  "tokens_per_s": s["tokens_per_s"], "baseline_tokens_per_s": b["tokens_per_s"],
-                  "speedup": s["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else 0.0,
-                  "tokens": s["tokens"], "drafted": s["drafted"], "accepted": s["accepted"],
-                  "target_forwards": s["target_forwards"], "baseline_target_forwards": b["target_forwards"],
-                  "identical_outputs": sum(x == y for x, y in zip(b["ids"], s["ids"])), "prompts": len(rows)}
+        out[n] = compare(s, b, s["row_steps"], sum(x == y for x, y in zip(b["ids"], s["ids"])), len(rows))
     return out
 
 
