@@ -1,6 +1,7 @@
 """specdec: watch speculative decoding work, one verification step at a time.
 
 Entry point (`make run`): page config, the shared sidebar, and st.navigation over the pages in pages/.
+The guided walkthrough is the default page, served at the root address: it is what a newcomer sees first.
 Leviathan et al., "Fast Inference from Transformers via Speculative Decoding" (ICML 2023);
 Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023).
 """
@@ -19,8 +20,8 @@ st.set_page_config(page_title="specdec: speculative decoding, step by step", pag
 st.html(view.CSS)
 
 nav = st.navigation({"": [
-    st.Page(ROOT / "pages" / "walkthrough.py", title="Start here: guided walkthrough", icon=":material/flag:", url_path="start"),
-    st.Page(ROOT / "pages" / "step.py", title="Step by step", icon=":material/slow_motion_video:", default=True, url_path="step"),
+    st.Page(ROOT / "pages" / "walkthrough.py", title="Start here: guided walkthrough", icon=":material/flag:", default=True),
+    st.Page(ROOT / "pages" / "step.py", title="Step by step", icon=":material/slow_motion_video:", url_path="step"),
     st.Page(ROOT / "pages" / "race.py", title="Race", icon=":material/sports_score:", url_path="race"),
     st.Page(ROOT / "pages" / "lesson.py", title="How it works", icon=":material/school:", url_path="lesson"),
     st.Page(ROOT / "pages" / "production.py", title="Road to production", icon=":material/rocket_launch:", url_path="production"),

@@ -40,7 +40,7 @@ def main(url: str) -> None:
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS, headless=True)
         page = b.new_page(viewport={"width": 1500, "height": 1350})
-        page.goto(url)
+        page.goto(url + "step")  # the root address is the guided walkthrough
         button(page, "generate").wait_for(timeout=SLOW_MS)
         nudge(page, "temperature", 24)  # 1.2: p is a real distribution, so u and min(1, p/q) matter
         button(page, "generate").click()

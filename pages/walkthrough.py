@@ -88,6 +88,21 @@ st.markdown("Read a section, press its button to run the **real** model (a 135 M
             "machine), then answer its question. The other pages go deeper: **Step by step** replays every "
             "verification, **Race** times the two decoders side by side, **Road to production** turns your "
             "settings into engine flags.")
+# every other page, one click away: the sidebar's navigation lists them too, but a newcomer reads the page
+HERE = Path(__file__).parent
+ONWARD = [("step.py", "Step by step", ":material/slow_motion_video:"), ("race.py", "Race", ":material/sports_score:"),
+          ("lesson.py", "How it works", ":material/school:"),
+          ("production.py", "Road to production", ":material/rocket_launch:"),
+          ("workloads.py", "Measure: workloads", ":material/table_chart:"),
+          ("temperature.py", "Measure: temperature", ":material/thermostat:"),
+          ("batch.py", "Measure: batch size", ":material/stacks:"),
+          ("draft_length.py", "Measure: draft length k", ":material/straighten:"),
+          ("contract.py", "Measure: output contract", ":material/fact_check:")]
+with st.expander("Where to go next", icon=":material/explore:"):
+    cols = st.columns(3)
+    for i, (file, label, icon) in enumerate(ONWARD):
+        with cols[i % 3]:
+            st.page_link(HERE / file, label=label, icon=icon)
 sec = st.radio("Section", list(SECTIONS), format_func=SECTIONS.get, key="wt_section", horizontal=True)
 st.header(SECTIONS[sec])
 
@@ -287,7 +302,7 @@ else:
 5. Keep it only where the numbers earn it. Low acceptance is the workload telling you it is hard to draft.
 
 The **Road to production** page runs this on several prompts and writes a report; here, one prompt.""")
-    st.page_link(Path(__file__).parent / "production.py", label="Open Road to production", icon=":material/rocket_launch:")
+    st.page_link(HERE / "production.py", label="Open Road to production", icon=":material/rocket_launch:")
 
     def _check():
         tgt = runs.target()

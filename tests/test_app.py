@@ -1,9 +1,10 @@
 """The Streamlit app under streamlit.testing.v1.AppTest, on the real bundled model.
 
-Every page renders; a run completes and what the page shows is what the records say; stepping, scrubbing
+A newcomer lands on the guided walkthrough, which links to every other page; every page renders; a run completes and what the page shows is what the records say; stepping, scrubbing
 and autoplay change what is shown without running the model again; every user error is a message on the
 page, never a traceback; two sessions keep their own runs.
 """
+import re
 import time
 from pathlib import Path
 
@@ -22,8 +23,11 @@ REPEAT = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat
 
 
 def new_app(**controls) -> AppTest:
+    """The app on the Step by step page (the default page is the walkthrough), with the controls set."""
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
     at.run()
+    assert not at.exception
+    at.switch_page("../pages/step.py").run()
     assert not at.exception
     return set_controls(at, **controls)
 
@@ -61,6 +65,21 @@ def lookup_run():
     """Prompt lookup at temperature 1.5: copied drafts meet a flat p, so rejections come in most steps."""
     at = generate(new_app(drafter="lookup", k=4, temperature=1.5, seed=3, max_new_tokens=16, prompt=REPEAT))
     return at
+
+
+def test_a_newcomer_lands_on_start_here_and_every_page_is_linked_from_it():
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception
+    assert at.title[0].value.startswith("Start here")
+    # every page in pages/ is in the navigation, and the walkthrough links to every other one
+    nav = (ROOT / "app" / "main.py").read_text()
+    pages = sorted(p.name for p in (ROOT / "pages").glob("*.py"))
+    assert all(f'"pages" / "{p}"' in nav for p in pages)
+    paths = re.findall(r'url_path="([^"]+)"', nav)  # every page but the default one (served at the root)
+    assert len(paths) == len(pages) - 1
+    linked = {link.proto.page for link in at.get("page_link")}
+    assert linked == set(paths), linked
 
 
 def test_every_page_renders_before_a_run():

@@ -1,6 +1,8 @@
-"""The app in a real browser: start `streamlit run` on a free port, drive headless Chromium through a
+"""The app in a real browser: start `streamlit run` on a free port, drive headless Chromium through the
+first three walkthrough sections (their live widgets and a check-yourself question), then through a
 generation, watch it animate, step to a rejection and back, stop a long run, and check a second tab keeps
 its own state. Skips when Debian's chromium is not installed; never downloads a browser."""
+import re
 import socket
 import subprocess
 import sys
@@ -87,9 +89,80 @@ def heading(page) -> str:
     return page.locator("h3").filter(has_text="Step ").first.inner_text()
 
 
+def open_section(page, title):
+    """Pick a walkthrough section by its radio label and wait for its heading."""
+    page.locator(".st-key-wt_section label").filter(has_text=title).click()
+    settle(page)
+    page.locator("h2").filter(has_text=title).wait_for(timeout=60_000)
+
+
+def metric(page, label) -> tuple[str, str]:
+    """The value and the delta ("" when none) of the st.metric with this label, once it is shown."""
+    box = page.locator('[data-testid="stMetric"]').filter(has_text=label).first
+    box.wait_for(timeout=SLOW_MS)
+    delta = box.locator('[data-testid="stMetricDelta"]')
+    return box.locator('[data-testid="stMetricValue"]').inner_text(), delta.inner_text() if delta.count() else ""
+
+
+def test_a_newcomer_walks_the_first_three_sections_and_answers_a_question(server, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1500, "height": 1600})
+    page.goto(server)  # the root address: what a newcomer sees first
+    page.locator("h1").filter(has_text="Start here").wait_for(timeout=SLOW_MS)
+    settle(page)
+
+    # 1: the section open on arrival; its button runs the real decoder both ways on a repeating prompt
+    page.locator("h2").filter(has_text="1 · Why decoding leaves arithmetic idle").wait_for(timeout=60_000)
+    button(page, "wt_run_idle").click()
+    look, plain = metric(page, "target passes for 16 tokens")
+    settle(page)
+    n_look, n_plain = int(look.split()[0]), int(re.search(r"(\d+) plain", plain).group(1))
+    assert 0 < n_look < n_plain, (look, plain)  # lookup copies the repeated text: fewer target passes
+    assert page.locator(".text-so-far .tok").count() > 0  # the decoded tokens, coloured by origin
+    # the check-yourself question: a wrong answer, then the right one, each with its feedback on the page
+    quiz = page.locator(".st-key-wt_quiz_idle")
+    quiz.locator("label").filter(has_text="The draft model does the checking").click()
+    settle(page)
+    wrong = page.locator('[data-testid="stAlertContentError"]').filter(has_text="Not quite")
+    wrong.wait_for(timeout=60_000)
+    assert "One pass reads the weights once" in wrong.inner_text()  # it names the right answer
+    quiz.locator("label").filter(has_text="One pass reads the weights once").click()
+    settle(page)
+    right = page.locator('[data-testid="stAlertContentSuccess"]').filter(has_text="Right.")
+    right.wait_for(timeout=60_000)
+    assert "bound by reading the weights" in right.inner_text()
+    assert page.locator('[data-testid="stAlertContentError"]').filter(has_text="Not quite").count() == 0
+
+    # 2: a draft model's cost, and a real pair with another vocabulary refused, with the reason
+    open_section(page, "2 · Two models, and what they cost")
+    button(page, "wt_run_two").click()
+    target, _ = metric(page, "target parameters")
+    assert target.endswith(" M") and float(target.split()[0]) > 100  # the 135 M-parameter SmolLM2
+    refusal = page.locator('[data-testid="stAlertContentError"]').filter(has_text="cannot draft for target")
+    refusal.wait_for(timeout=SLOW_MS)
+    assert "vocabulary sizes differ" in refusal.inner_text()
+
+    # 3: a variant on a prompt where it shines (prompt lookup, the default choice), decoded live
+    open_section(page, "3 · Variants: where drafts come from")
+    button(page, "wt_run_variants").click()
+    name, _ = metric(page, "drafter")
+    assert name == "lookup"
+    rate, _ = metric(page, "acceptance rate")
+    assert rate.endswith("%") and 0 <= int(rate[:-1]) <= 100
+    settle(page)
+    assert page.locator(".text-so-far .tok").count() > 0
+    page.screenshot(path=str(tmp_path / "walkthrough.png"), full_page=True)
+
+    # onward: the walkthrough links to the other pages
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Where to go next").click()
+    page.locator('[data-testid="stPageLink-NavLink"]').filter(has_text="Step by step").click()
+    button(page, "generate").wait_for(timeout=SLOW_MS)
+    assert page.url.split("?")[0].endswith("/step")
+    page.close()
+
+
 def test_generate_animate_step_to_a_rejection_and_back(server, browser, tmp_path):
     page = browser.new_page(viewport={"width": 1500, "height": 1800})
-    page.goto(server)
+    page.goto(server + "step")
     button(page, "generate").wait_for(timeout=SLOW_MS)
     # a hot creative temperature and a prompt lookup that copies: drafts meet rejections
     page.locator(".st-key-workload").click()
@@ -140,7 +213,7 @@ def test_generate_animate_step_to_a_rejection_and_back(server, browser, tmp_path
 
     # a second tab is a second session: no run there, and this tab's run is untouched
     other = browser.new_page(viewport={"width": 1200, "height": 900})
-    other.goto(server)
+    other.goto(server + "step")
     button(other, "generate").wait_for(timeout=SLOW_MS)
     settle(other)
     assert other.locator(".st-key-play").count() == 0
@@ -152,7 +225,7 @@ def test_generate_animate_step_to_a_rejection_and_back(server, browser, tmp_path
 
 def test_a_long_run_streams_and_can_be_stopped(server, browser, tmp_path):
     page = browser.new_page(viewport={"width": 1500, "height": 1400})
-    page.goto(server)
+    page.goto(server + "step")
     button(page, "generate").wait_for(timeout=SLOW_MS)
     set_number(page, "max_new_tokens", 512)
     settle(page)
