@@ -108,8 +108,10 @@ def report_markdown(settings, results: list[PromptResult], engines_md: str = "")
 
 
 def report_html(settings, results: list[PromptResult], engines_md: str = "") -> str:
+    """The Markdown report with the throughput plot above it, as one self-contained page: plotly.js is
+    embedded (about 5 MB) rather than fetched from a CDN, so the report opens offline."""
     md = report_markdown(settings, results, engines_md)
-    plot = figure(results).to_html(full_html=False, include_plotlyjs="cdn")
+    plot = figure(results).to_html(full_html=False, include_plotlyjs=True)
     return ("<!doctype html><html><head><meta charset='utf-8'><title>specdec checklist report</title></head>"
             f"<body style='font-family:sans-serif;max-width:960px;margin:auto'>{plot}"
             f"<pre style='white-space:pre-wrap'>{html.escape(md)}</pre></body></html>")

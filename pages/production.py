@@ -70,5 +70,6 @@ if done:
     c1, c2 = st.columns(2)
     c1.download_button("Download report (Markdown)", checklist.report_markdown(ds, res, eng_md),
                        file_name="specdec-checklist.md", mime="text/markdown", key="dl_md")
-    c2.download_button("Download report (HTML with the plot)", checklist.report_html(ds, res, eng_md),
+    # the HTML carries plotly.js (about 5 MB): built only when the button is pressed, not on every rerun
+    c2.download_button("Download report (HTML with the plot)", lambda: checklist.report_html(ds, res, eng_md),
                        file_name="specdec-checklist.html", mime="text/html", key="dl_html")

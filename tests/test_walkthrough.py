@@ -5,6 +5,7 @@ through URL query parameters exactly, in the pure codec and in the running app; 
 renders and answers its question; live widgets run the real decoder; the checklist runs and its reports
 carry what it measured.
 """
+import re
 from pathlib import Path
 
 import pytest
@@ -229,7 +230,12 @@ def test_production_page_translates_and_runs_the_checklist():
     for r in res:
         assert f"| {r.spec.tokens} | " in md and f" {round(r.spec.acceptance_rate, 3)} |" in md
     assert "## The same settings in serving engines" in md and "prompt_lookup_max" in md
-    assert "<div" in checklist.report_html(s, res)  # the plot is embedded
+    page = checklist.report_html(s, res)
+    assert "Throughput against the baseline" in page and "Plotly.newPlot" in page  # the plot is embedded
+    # and works offline: the plotly.js library is inside the page, no script is fetched from anywhere
+    assert "* plotly.js v" in page and len(page) > 1_000_000
+    assert not re.search(r"<script[^>]*\bsrc=", page), re.findall(r"<script[^>]*\bsrc=[^>]*>", page)
+    assert "cdn.plot.ly/plotly-" not in page
 
 
 def test_production_page_with_no_drafter_disables_the_checklist():
