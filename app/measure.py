@@ -162,9 +162,8 @@ def results(key: str, params: dict, clicked: bool, run: Callable[[], None], hint
     return res
 
 
-def pick_drafters(key: str, default: tuple[str, ...] = ("lookup",), exclude: tuple[str, ...] = (),
-                  help: str = "") -> list[str]:
-    opts = [n for n in SPEC if n not in exclude]
+def pick_drafters(key: str, default: tuple[str, ...] = ("lookup",), help: str = "") -> list[str]:
+    opts = list(SPEC)
     st.session_state.setdefault(key, [d for d in default if d in opts])
     chosen = st.multiselect("Drafters to measure (each against plain decoding)", opts, key=key,
                             format_func=lambda n: f"{n}: {drafters.DESCRIPTIONS.get(n, '')}",

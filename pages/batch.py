@@ -28,9 +28,7 @@ st.markdown(
 s = sidebar.current()
 c1, c2 = st.columns([3, 2])
 with c1:
-    names = measure.pick_drafters("bs_drafters", exclude=("medusa",),
-                                  help="Medusa proposes trees, and batched decoding here verifies chains, so it "
-                                       "is not offered on this page.")
+    names = measure.pick_drafters("bs_drafters")
     sizes = measure.pick_values("Batch sizes", "bs_sizes", SIZES, [1, 4, 16],
                                 help="32 and 64 take a while on a CPU.")
 with c2:

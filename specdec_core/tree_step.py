@@ -61,6 +61,14 @@ def compact(cache, start: int, keep: torch.Tensor) -> None:
         layer.values = layer.values[..., :start + n, :]
 
 
+def chain_view(tree: Tree, v: TreeVerdict) -> list[int]:
+    """The step seen as a chain: the accepted path plus the first rejected child of its last node (if one was
+    tried). Its length is what the engine and the batch count as drafted, so acceptance rates compare."""
+    last = v.path[-1] if v.path else 0
+    tried = [t.node for t in v.trials if tree.parent[t.node] == last and not t.accepted]
+    return v.path + tried[:1]
+
+
 def tree_step(target: LM, drafter, prop, cache, pending: int, sp: SamplingParams, gen: torch.Generator | None):
     """Score, verify and commit one tree proposal. Returns the chain view (draft [m], p [m+1, V], q [m, V],
     ChainVerdict) for the engine's bookkeeping; fills prop.info with the tree and the accepted path, and
@@ -75,8 +83,7 @@ def tree_step(target: LM, drafter, prop, cache, pending: int, sp: SamplingParams
 
     path = v.path
     last = path[-1] if path else 0
-    tried = [t for t in v.trials if tree.parent[t.node] == last and not t.accepted]
-    shown = path + [tried[0].node] if tried else path     # accepted path + the first rejected child
+    shown = chain_view(tree, v)
     compact(cache, L, torch.tensor([0] + shown))
     drafter.observe(hidden[last], len(path))
 

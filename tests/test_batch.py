@@ -5,9 +5,12 @@ import torch
 
 from specdec_core import InputError, SamplingParams, load, make_drafter, run
 from specdec_core.batch import run_batch
+from specdec_core.sweeps import sweep_batch
 from specdec_core.drafters.draft_model import DraftModel
 from specdec_core.drafters.lookup import PromptLookup
+from specdec_core.drafters.medusa import WEIGHTS as MEDUSA_WEIGHTS, Heads, Medusa
 from specdec_core.drafters.none import NoDraft
+from specdec_core import verify_tree as vt
 
 from gof import ALPHA, gof
 from tiny import exact_joint, perturbed, tiny_lm
@@ -26,10 +29,24 @@ def tiny_draft(tiny):
     return perturbed(tiny, 0.3, seed=1)
 
 
-@pytest.mark.parametrize("name", ["none", "lookup", "draft"])
+@pytest.fixture(scope="module")
+def tiny_heads():
+    """Random Medusa heads for the tiny target: they propose varied trees, of which some nodes are accepted."""
+    heads = Heads(32, 4)
+    with torch.no_grad():
+        heads.w.copy_(0.3 * torch.randn(heads.w.shape, generator=torch.Generator().manual_seed(5)))
+    return heads
+
+
+def makers(tiny, tiny_draft, tiny_heads):
+    return {"none": NoDraft, "lookup": PromptLookup, "draft": lambda: DraftModel(tiny_draft, tiny),
+            "medusa": lambda: Medusa(tiny, heads=tiny_heads, manifest={})}   # trees of up to 4 positions
+
+
+@pytest.mark.parametrize("name", ["none", "lookup", "draft", "medusa"])
 @pytest.mark.parametrize("k", [1, 3, 6])
-def test_batched_greedy_equals_alone_tiny(tiny, tiny_draft, name, k):
-    mk = {"none": NoDraft, "lookup": PromptLookup, "draft": lambda: DraftModel(tiny_draft, tiny)}[name]
+def test_batched_greedy_equals_alone_tiny(tiny, tiny_draft, tiny_heads, name, k):
+    mk = makers(tiny, tiny_draft, tiny_heads)[name]
     res = run_batch(tiny, mk, TINY_PROMPTS, k=k, max_new_tokens=20)
     alone = [run(tiny, mk(), p, k=k, max_new_tokens=20)[0] for p in TINY_PROMPTS]
     assert res.tokens == alone
@@ -37,10 +54,13 @@ def test_batched_greedy_equals_alone_tiny(tiny, tiny_draft, name, k):
         assert any(len(set(s.accepted)) > 1 for s in res.steps)
 
 
-def test_batch_cache_holds_committed_tokens(tiny):
-    """After every step each row's valid cache entries are exactly its committed tokens but the newest."""
+@pytest.mark.parametrize("name", ["lookup", "medusa"])
+def test_batch_cache_holds_committed_tokens(tiny, tiny_draft, tiny_heads, name):
+    """After every step each row's valid cache entries are exactly its committed tokens but the newest
+    (for a tree: the root and the accepted path; the other nodes are holes)."""
     done = [0] * len(TINY_PROMPTS)
-    steps = run_batch(tiny, PromptLookup, TINY_PROMPTS, k=4, max_new_tokens=16, stop_at_eos=False).steps
+    mk = makers(tiny, tiny_draft, tiny_heads)[name]
+    steps = run_batch(tiny, mk, TINY_PROMPTS, k=4, max_new_tokens=16, stop_at_eos=False).steps
     for s in steps:
         for i, c in enumerate(s.committed):
             done[i] += len(c)
@@ -55,7 +75,9 @@ def bundled_fp32():
     return load("bundled", dtype="fp32", device="cpu")
 
 
-@pytest.mark.parametrize("name", ["none", "lookup", "draft"])
+@pytest.mark.parametrize("name", ["none", "lookup", "draft",
+                                  pytest.param("medusa", marks=pytest.mark.skipif(not MEDUSA_WEIGHTS.exists(),
+                                                                                  reason="no shipped Medusa weights"))])
 def test_batched_greedy_equals_alone_bundled(bundled_fp32, name):
     lm = bundled_fp32
     texts = ["Repeat exactly: alpha beta gamma delta alpha beta gamma.", "Write a Python function that adds two numbers.",
@@ -65,6 +87,16 @@ def test_batched_greedy_equals_alone_bundled(bundled_fp32, name):
     res = run_batch(lm, mk, prompts, k=4, max_new_tokens=16)
     alone = [run(lm, mk(), p, k=4, max_new_tokens=16)[0] for p in prompts]
     assert res.tokens == alone
+
+
+@pytest.mark.skipif(not MEDUSA_WEIGHTS.exists(), reason="no shipped Medusa weights")
+def test_batch_sweep_drafts_medusa_trees(bundled_fp32):
+    """The batch sweep (CLI `sweep batch`, batch-size and workloads pages) runs medusa's trees, not plain decoding."""
+    lm = bundled_fp32
+    prompts = [lm.encode(t) for t in ("Write a Python function that adds two numbers.",
+                                      "Return a JSON object with keys name and age for Ada Lovelace.")]
+    (pt,) = sweep_batch(lm, "medusa", prompts, [3], max_new_tokens=12)
+    assert pt["mean_acceptance_length"] > 1.0 and pt["same_tokens_as_baseline"]
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "draft"])
@@ -80,6 +112,35 @@ def test_batched_sampling_exact(tiny, tiny_draft, drafter):
         for t in res.tokens:
             counts[t[0], t[1]] += 1
     assert gof(counts, law) > ALPHA
+
+
+def medusa_counts(tiny, tiny_heads, seeds: int):
+    """Counts of the first three tokens of 8-row batches: with 4 new tokens the second step drafts a tree two
+    positions deep, so tokens 2 and 3 come from tree verification (accepted nodes, bonus or resampled)."""
+    prompt = [1, 2, 3, 1, 2]
+    law = exact_joint(tiny, prompt, 3, temperature=1.0).numpy()
+    counts = np.zeros_like(law)
+    drafted = 0
+    for seed in range(seeds):
+        res = run_batch(tiny, lambda: Medusa(tiny, heads=tiny_heads, manifest={}), [prompt] * 8,
+                        sp=SamplingParams(1.0, seed=seed), k=3, max_new_tokens=4)
+        drafted += sum(sum(s.drafted) for s in res.steps)
+        for t in res.tokens:
+            counts[tuple(t[:3])] += 1
+    assert drafted > seeds * 8, "the rows should draft trees"
+    return counts, law
+
+
+def test_batched_medusa_sampling_exact(tiny, tiny_heads):
+    counts, law = medusa_counts(tiny, tiny_heads, 400)
+    assert gof(counts, law) > ALPHA
+
+
+def test_broken_batched_tree_rule_would_be_caught(tiny, tiny_heads, monkeypatch):
+    """Forgetting to remove a rejected sibling's mass fails the same test: it has the power to see a subtle error."""
+    monkeypatch.setattr(vt, "residual", lambda r, q: r)
+    counts, law = medusa_counts(tiny, tiny_heads, 200)
+    assert gof(counts, law) < ALPHA
 
 
 def test_broken_batch_would_be_caught(tiny):

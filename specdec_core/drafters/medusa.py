@@ -11,8 +11,8 @@ distributions on the target's own answers (training: `python -m specdec_core tra
 Candidates are deterministic: position d of the tree gets head d-1's top-ranked tokens, arranged by the tree
 declared as data (tree.py). Verification is exact whatever the heads say (verify_tree.py); this module only
 decides how often the target agrees. The hidden state comes from the verification forward of the previous
-step (tree_step.py hands it over), or from the prefill on the first step, so drafting costs no extra target
-forward: only D small blocks and D LM-head rows.
+step (tree_step.py, or batch.py for each row of a batch, hands it over), or from the prefill on the first step,
+so drafting costs no extra target forward: only D small blocks and D LM-head rows.
 """
 from __future__ import annotations
 
@@ -110,8 +110,12 @@ class Medusa:
                       **{_cache_kw(dec): cache})
             h = out.last_hidden_state[0, -1]
             logits = self.lm_head(h[None]).float()
-        self.h, self.h_len, self._prompt = h, len(prompt), list(prompt)
+        self.prefilled(h, prompt)
         return logits
+
+    def prefilled(self, h: torch.Tensor, prompt: list[int]) -> None:
+        """Someone else ran the prefill (batch.py, one row of a batch): h is the prompt's last hidden state."""
+        self.h, self.h_len, self._prompt = h, len(prompt), list(prompt)
 
     def begin(self, prompt: list[int]) -> None:
         if self._prompt != list(prompt):   # no prefill of ours for this run: draft nothing until a tree step
