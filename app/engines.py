@@ -201,7 +201,7 @@ def _transformers(s) -> EngineConfig:
     elif s.drafter == "medusa":
         gaps.append("Medusa heads: no equivalent in generate()")
     elif s.drafter == "early-exit":
-        gaps.append("early exit: no equivalent for our trained exit adapter; transformers' self-speculative mode "
+        gaps.append("early exit: no equivalent for our trained exit layer; transformers' self-speculative mode "
                     "(assistant_early_exit) needs a model trained for early exit")
     supported = s.drafter == "none" or bool(spec)
     sampling = {"do_sample": s.temperature > 0, "max_new_tokens": s.max_new_tokens}

@@ -220,6 +220,18 @@ HELDOUT: list[str] = [
 ]
 
 
+def bench_prompts() -> set[str]:
+    """Every prompt of the benchmark files: never trained on."""
+    from .workloads import PROMPT_DIR, load_jsonl
+    return {r["prompt"] for f in sorted(PROMPT_DIR.glob("*.jsonl")) for r in load_jsonl(f)}
+
+
+def training_prompts() -> list[str]:
+    """The hand-written prompts, then the template ones (distill_prompts.py), minus benchmark and held-out ones."""
+    from .distill_prompts import expanded
+    return PROMPTS + expanded(exclude=set(PROMPTS) | set(HELDOUT) | bench_prompts())
+
+
 def _key(lm, **kw) -> str:
     blob = json.dumps({"model": lm.name, "dtype": str(lm.dtype), "vocab": lm.vocab_size, "layers": lm.num_layers, **kw}, sort_keys=True,
                       default=str)
@@ -333,17 +345,23 @@ def soft_ce(logq: torch.Tensor, idx: torch.Tensor, logp: torch.Tensor) -> torch.
     """Cross-entropy of draft log-probs logq [N, V] against top-k targets (idx, logp [N, K]) plus the rest.
 
     Equals KL(p || q) up to p's entropy, with p's tail lumped into one bucket: -sum_top p log q
-    - p_rest log q_rest. Mean over rows."""
-    p = logp.exp()                                                    # [N, K]
+    - p_rest log q_rest. Entries with logp = -inf are dropped into the rest (a draft vocabulary that lacks
+    them, vocab.py). Mean over rows."""
+    p = logp.exp()                                                    # [N, K]; 0 where logp = -inf
     lq = logq.gather(-1, idx.long())                                  # [N, K]
     p_rest = (1 - p.sum(-1)).clamp_min(0)                             # [N]
-    q_rest = (1 - lq.exp().sum(-1)).clamp_min(1e-6)                   # [N]
+    kept = torch.isfinite(logp)                                       # entries dropped by the caller own no q
+    q_rest = (1 - (lq.exp() * kept).sum(-1)).clamp_min(1e-6)          # [N]
     return -((p * lq).sum(-1) + p_rest * q_rest.log()).mean()
+
+
+def entropy_top(logp: torch.Tensor) -> float:
+    """Mean entropy of the bucketed targets (top-k + rest): soft_ce minus this is KL(p || q)."""
+    p = logp.exp()
+    p_rest = (1 - p.sum(-1)).clamp_min(1e-9)
+    return float(-((p * logp).sum(-1) + p_rest * p_rest.log()).mean())
 
 
 def kl_top(logq: torch.Tensor, idx: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     """KL(p || q) with the same top-k + rest bucketing as `soft_ce` (a readable loss: 0 when q = p)."""
-    p = logp.exp()
-    p_rest = (1 - p.sum(-1)).clamp_min(1e-9)
-    ent = (p * logp).sum(-1) + p_rest * p_rest.log()
-    return soft_ce(logq, idx, logp) + ent.mean()
+    return soft_ce(logq, idx, logp) - entropy_top(logp)

@@ -3,9 +3,10 @@
 Cai et al., "Medusa" (2024): Medusa-1 training (frozen backbone) with Medusa-2's self-distillation, i.e. the
 heads learn the target's own distributions on the target's own answers, by KL.
 
-Data: training.data() — the target's answers to distill.PROMPTS (one greedy pass, one at 0.7) with its top-64
-log-probs at every answer position. One frozen target pass stores the final hidden state h_t at every answer
-position; head i at t is trained towards the target's distribution at t+1+i (the token t+2+i), weight 0.8^i.
+Data: training.data() — the target's greedy answers to distill.training_prompts() with its top-64
+log-probs at every answer position; the heads score the draft vocabulary only (drafters/vocab.py). One frozen
+target pass stores the final hidden state h_t at every answer position; head i at t is trained towards the
+target's distribution at t+1+i (the token t+2+i), weight 0.8^i.
 Then, on the held-out prompts: each head's top-k accuracy, a tree picked from it (Medusa's greedy
 construction, tree.best_tree) at the size with the best predicted tokens per second given the measured cost of
 a tree forward, and the mean acceptance length of the shipped heads measured with the real engine.
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import distill, training
-from .drafters.medusa import Heads, Medusa, head_logits
+from .drafters.medusa import Heads, Medusa, head_weight, ranked
 from .tree import compile_tree, best_tree
 from .tree_step import tree_forward
 
@@ -32,9 +33,10 @@ TOPK = 8                             # ranks per head measured
 def _args(argv):
     ap = argparse.ArgumentParser(prog="python -m specdec_core train medusa",
                                  description="self-distil Medusa heads from the bundled target")
-    ap.add_argument("--heads", type=int, default=3, help="number of heads (tree depth at most this)")
-    ap.add_argument("--steps", type=int, default=250)
-    ap.add_argument("--batch", type=int, default=128, help="positions per step")
+    ap.add_argument("--heads", type=int, default=4, help="number of heads (tree depth at most this)")
+    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--batch", type=int, default=512, help="positions per step")
+    ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (most frequent answer tokens)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
@@ -82,18 +84,18 @@ def examples(rows, hs, n_heads: int):
 
 def head_accuracy(lm, heads, held, topk: int = TOPK) -> list[list[float]]:
     """acc[d][r]: on held-out greedy answers, how often head d's rank-r token is the target's token t+2+d."""
-    lm_head = lm.model.get_output_embeddings()
+    w = head_weight(heads, lm.model.get_output_embeddings())
     hits = torch.zeros(heads.n_heads, topk)
     n = torch.zeros(heads.n_heads)
     hs = hidden_states(lm, [s for s, *_ in held])
     with torch.inference_mode():
         for (s, pl, ti, _), h in zip(held, hs):
             t = torch.arange(pl - 1, len(s) - 1)
-            ranked = torch.topk(head_logits(heads, lm_head, h[t]), topk, -1).indices     # [D, P, k]
+            top = ranked(heads, w, h[t], topk)                                            # [D, P, k]
             for d in range(heads.n_heads):
                 ok = t + 1 + d <= len(s) - 2
                 want = ti[(t + 1 + d)[ok], 0].long()                                       # greedy token t+2+d
-                hits[d] += (ranked[d][ok] == want[:, None]).float().sum(0)
+                hits[d] += (top[d][ok] == want[:, None]).float().sum(0)
                 n[d] += int(ok.sum())
     return (hits / n.clamp(min=1)[:, None]).tolist()
 
@@ -137,8 +139,9 @@ def main(argv: list[str]) -> int:
     hs = hidden_states(lm, [r[0] for r in rows])
     H, tgt, IDX, LOGP = examples(rows, hs, a.heads)
     print(f"{H.shape[0]} training positions, {a.heads} heads")
-    heads = Heads(H.shape[1], a.heads).train()
-    lm_head = lm.model.get_output_embeddings()
+    vocab = training.make_vocab(lm, rows, a.vocab)
+    heads = Heads(H.shape[1], a.heads, vocab).train()
+    head_w = head_weight(heads, lm.model.get_output_embeddings()).detach()           # [v, H] frozen, no grad
     opt = torch.optim.AdamW(heads.parameters(), lr=a.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(a.seed)
     wts = [0.8 ** i for i in range(a.heads)]
@@ -149,15 +152,15 @@ def main(argv: list[str]) -> int:
         pick = torch.randint(H.shape[0], (a.batch,), generator=gen)
         training.schedule(opt, step, a.steps, a.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = F.linear(heads(H[pick].float()), lm_head.weight.detach())  # [D, B, V]; frozen, no grad
+            logits = F.linear(heads(H[pick].float()), head_w)                # [D, B, v]
         logq = torch.log_softmax(logits.float(), -1)
         loss, parts = 0.0, []
         for i in range(a.heads):
             r = tgt[pick, i]
             ok = r >= 0
-            kl = distill.kl_top(logq[i][ok], IDX[r[ok]], LOGP[r[ok]])
-            loss = loss + wts[i] * kl
-            parts.append(kl.item())
+            ce = distill.soft_ce(logq[i][ok], *vocab.targets(IDX[r[ok]], LOGP[r[ok]]))
+            loss = loss + wts[i] * ce
+            parts.append(ce.item() - distill.entropy_top(LOGP[r[ok]]))   # shown as KL(p || q)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
@@ -170,8 +173,8 @@ def main(argv: list[str]) -> int:
     from safetensors.torch import save_file
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / "medusa.safetensors"
-    save_file({"w": heads.w.detach().contiguous(), "b": heads.b.detach().contiguous()}, str(path),
-              metadata={"heads": str(a.heads), "seed": str(a.seed)})
+    save_file({"w": heads.w.detach().contiguous(), "b": heads.b.detach().contiguous(), **vocab.state()}, str(path),
+              metadata={"heads": str(a.heads), "seed": str(a.seed), "vocab_size": str(lm.vocab_size)})
     from .drafters.medusa import load_heads
     shipped, _ = load_heads(path)   # measure exactly what ships
 
@@ -189,7 +192,9 @@ def main(argv: list[str]) -> int:
     training._finish("medusa", a, argv, path, dict(
         target=lm.name, tree=[list(p) for p in paths],
         model=dict(heads=a.heads, hidden=H.shape[1], block="h + SiLU(W h + b), zero-initialised, then the "
-                   "target's shared LM head (frozen, not shipped)", head_i_predicts="token t+2+i", dtype="float32"),
+                   "target's shared LM head (frozen, not shipped) over the draft vocabulary",
+                   head_i_predicts="token t+2+i", dtype="float32"),
+        vocab=training.vocab_desc(vocab, rows, held),
         data=dict(desc, positions=int(H.shape[0])), steps=a.steps, batch=a.batch, lr=a.lr,
         loss="sum_i 0.8^i KL(p_{t+1+i} || q_i) over the target's top-64 + rest",
         final_loss=[round(e, 4) for e in ema], train_seconds=round(train_s, 1),

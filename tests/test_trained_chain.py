@@ -1,6 +1,7 @@
 """Trained chain drafters (distilled draft model, early exit): exactness, shipped weights, manifests, data."""
 import hashlib
 import json
+import math
 
 import pytest
 import torch
@@ -90,10 +91,39 @@ def test_draft_is_an_ordinary_small_llama(bundled):
     cfg = json.loads((WEIGHTS / "draft.config.json").read_text())
     assert d.model.config.num_hidden_layers == cfg["num_hidden_layers"] <= 4
     assert d.model.config.vocab_size == bundled.vocab_size
-    # the embedding is the target's (not shipped), tied to the head
-    assert torch.equal(d.model.model.embed_tokens.weight, bundled.model.model.embed_tokens.weight)
-    assert d.model.lm_head.weight.data_ptr() == d.model.model.embed_tokens.weight.data_ptr()
+    # the embedding is the target's (not shipped); the head is its rows for the draft vocabulary
+    emb = bundled.model.model.embed_tokens.weight
+    assert torch.equal(d.model.model.embed_tokens.weight, emb)
+    ids = d.model.lm_head.vocab.ids
+    assert torch.equal(d.model.lm_head.weight, emb[ids])
     assert isinstance(make("draft", bundled), DraftModel)
+    # q is zero outside the draft vocabulary, and a proper distribution inside it
+    cache = d.new_cache()
+    logits = d.forward(bundled.encode("Write a Python function that adds two numbers."), cache, last_only=True)[-1]
+    outside = torch.ones(bundled.vocab_size, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isneginf(logits[outside]).all() and torch.isfinite(logits[ids]).all()
+    man = json.loads((WEIGHTS / "draft.manifest.json").read_text())
+    assert man["vocab"]["size"] == len(ids) and man["vocab"]["heldout_coverage"] > 0.97
+
+
+def test_draft_vocab_maps_and_buckets():
+    from specdec_core.drafters.vocab import DraftVocab
+    v = DraftVocab.from_counts([[9, 9, 1, 2, 2, 2, 3]], [2], 2, 10, always=[0])   # answer 1 2 2 2 3: top is 2
+    assert v.ids.tolist() == [0, 2] and v.t2d[2] == 1 and v.t2d[1] == -1
+    # probability mass the target put on a token counts too: 5 gets 4 x 0.9 > 1's single use
+    soft = [(torch.tensor([[5], [5], [5], [5]]), torch.log(torch.full((4, 1), 0.9)))]
+    assert DraftVocab.from_counts([[9, 9, 1, 2, 2, 2, 3]], [2], 3, 10, always=[0], soft=soft).ids.tolist() == [0, 2, 5]
+    assert v.coverage([[9, 1, 2, 3, 4]], [1]) == pytest.approx(0.25)
+    full = v.scatter(torch.tensor([[1.0, 2.0]]))
+    assert full[0, 0] == 1.0 and full[0, 2] == 2.0 and torch.isneginf(full[0, [1, 3, 4, 5, 6, 7, 8, 9]]).all()
+    # soft targets outside the vocabulary join the rest bucket: p = 0 for them and they own no q
+    d, lp = v.targets(torch.tensor([[2, 7]]), torch.log(torch.tensor([[0.6, 0.3]])))
+    assert d.tolist() == [[1, 0]] and torch.isneginf(lp[0, 1])
+    q = torch.log(torch.tensor([[0.25, 0.75]]))          # q(0) = 0.25, q(2) = 0.75
+    # -(0.6 log q(2) + 0.4 log q_rest) with q_rest = 1 - q(2)
+    want = -(0.6 * math.log(0.75) + 0.4 * math.log(0.25))
+    assert float(distill.soft_ce(q, d, lp)) == pytest.approx(want, rel=1e-5)
 
 
 def test_draft_needs_a_model_for_other_targets(bundled):
@@ -112,6 +142,12 @@ def test_early_exit_shares_the_targets_weights(bundled):
     assert len(d.trunk.layers) == d.ex.layers
     assert d.trunk.layers[0].self_attn.q_proj.weight.data_ptr() == \
         bundled.model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    # the drafting stack is the shared trunk plus the exit's one layer, which has its own cache slot
+    assert list(d.net.layers)[:-1] == list(d.trunk.layers) and d.net.layers[-1] is d.ex.layer
+    assert d.ex.layer.self_attn.layer_idx == d.ex.layers
+    # its head rows are the target's
+    head = bundled.model.get_output_embeddings().weight
+    assert torch.equal(d.head_w, head[d.vocab.ids])
     # building the trunk must leave the target whole
     assert len(bundled.model.model.layers) == n and bundled.model.model.norm is norm
     assert bundled.model.config.num_hidden_layers == n
@@ -154,6 +190,10 @@ def test_prompt_set_is_varied_and_disjoint_from_benchmarks():
     bench = {p for w in WORKLOADS.values() for p in w.prompts}
     assert not bench & set(distill.PROMPTS) and not bench & set(distill.HELDOUT)
     assert not set(distill.HELDOUT) & set(distill.PROMPTS)
+    train = distill.training_prompts()
+    assert len(train) >= 600 and len(set(train)) == len(train)
+    assert not bench & set(train) and not set(distill.HELDOUT) & set(train)
+    assert bench <= distill.bench_prompts()
     low = [p.lower() for p in distill.PROMPTS]
     for word in ("python", "json", "extract", "write a short", "describe", "what"):
         assert sum(word in p for p in low) >= 5, word

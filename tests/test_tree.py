@@ -322,6 +322,28 @@ def test_medusa_errors(bundled):
         Medusa(bundled, heads=Heads(576, 2), tree=chain_tree(2), manifest={"target": "other"})
 
 
+def test_heads_rank_only_their_draft_vocabulary():
+    """With a draft vocabulary, each head ranks only its tokens, and hands back target ids (not subset rows)."""
+    from specdec_core.drafters.medusa import head_weight, ranked
+    from specdec_core.drafters.vocab import DraftVocab
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(8, 20, bias=False)
+    vocab = DraftVocab(torch.tensor([3, 7, 11, 19]), 20)
+    heads = Heads(8, 2, vocab)
+    with torch.no_grad():
+        heads.w.normal_()
+    h = torch.randn(5, 8)
+    w = head_weight(heads, lm_head)
+    assert torch.equal(w, lm_head.weight[[3, 7, 11, 19]])
+    top = ranked(heads, w, h, 3)                                                     # [D, N, 3]
+    assert top.shape == (2, 5, 3) and set(top.unique().tolist()) <= {3, 7, 11, 19}
+    # the same order as ranking the full head's logits restricted to those ids
+    full = torch.nn.functional.linear(heads(h), lm_head.weight)                     # [D, N, 20]
+    masked = torch.full_like(full, float("-inf"))
+    masked[..., vocab.ids] = full[..., vocab.ids]
+    assert torch.equal(top, torch.topk(masked, 3, -1).indices)
+
+
 shipped = pytest.mark.skipif(not WEIGHTS.exists(), reason="no shipped Medusa weights")
 
 

@@ -85,5 +85,5 @@ def make(name: str, target, draft_lm=None, **kw) -> Drafter:
         if target.name != BUNDLED_NAME or not (EE_WEIGHTS / "early-exit.safetensors").exists():
             raise DrafterUnavailable("drafter 'early-exit' has trained weights only for the bundled target; "
                                      "run `python -m specdec_core train early-exit` to produce them")
-        return EarlyExit(target, load_exit(), **kw)
+        return EarlyExit(target, load_exit(target.model), **kw)
     raise DrafterUnavailable(f"unknown drafter {name!r}; choose one of: {', '.join(NAMES)}")

@@ -12,7 +12,9 @@ Candidates are deterministic: position d of the tree gets head d-1's top-ranked 
 declared as data (tree.py). Verification is exact whatever the heads say (verify_tree.py); this module only
 decides how often the target agrees. The hidden state comes from the verification forward of the previous
 step (tree_step.py, or batch.py for each row of a batch, hands it over), or from the prefill on the first step,
-so drafting costs no extra target forward: only D small blocks and D LM-head rows.
+so drafting costs no extra target forward: only D small blocks and D rows of LM-head logits, over the draft
+vocabulary (vocab.py) when the weights carry one: ranking 49152 tokens per head would cost a tenth of a
+target forward here.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from torch import nn
 
 from ..tree import Tree, compile_tree
 from . import DraftContext, DrafterUnavailable, Proposal
+from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "medusa.safetensors"
 MANIFEST = WEIGHTS.with_name("medusa.manifest.json")
@@ -37,10 +40,11 @@ DEFAULT_TREE = [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), 
 class Heads(nn.Module):
     """D residual blocks on the hidden state, stacked into one batched matmul."""
 
-    def __init__(self, hidden: int, n_heads: int):
+    def __init__(self, hidden: int, n_heads: int, vocab: DraftVocab | None = None):
         super().__init__()
         self.w = nn.Parameter(torch.zeros(n_heads, hidden, hidden))   # zero: each head starts as the LM head
         self.b = nn.Parameter(torch.zeros(n_heads, hidden))
+        self.vocab = vocab   # rank only these tokens (vocab.py); None = the whole vocabulary
 
     @property
     def n_heads(self) -> int:
@@ -52,23 +56,33 @@ class Heads(nn.Module):
         return h + F.silu(torch.einsum("dij,nj->dni", self.w, h) + self.b[:, None])
 
 
-def head_logits(heads: Heads, lm_head: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """h [N, H] -> [D, N, V] float32 logits through the target's shared LM head."""
-    x = heads(h)
-    return lm_head(x.to(lm_head.weight.dtype)).float()
+def head_weight(heads: Heads, lm_head: nn.Module) -> torch.Tensor:
+    """The rows of the target's shared LM head the heads score: [v, H] (all V rows without a vocabulary)."""
+    w = lm_head.weight
+    return heads.vocab.head(w) if heads.vocab is not None else w
+
+
+def ranked(heads: Heads, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
+    """h [N, H] -> [D, N, k] target ids: each head's k best tokens, best first."""
+    x = heads(h).to(w.dtype)
+    top = torch.topk(F.linear(x, w).float(), k, dim=-1).indices
+    return heads.vocab.ids.to(top.device)[top] if heads.vocab is not None else top
 
 
 def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
     """The shipped heads and their manifest."""
-    from safetensors.torch import load_file
+    from safetensors import safe_open
     if not path.exists():
         raise DrafterUnavailable(f"no Medusa heads at {path.name}: train them with "
                                  "`python -m specdec_core train medusa`")
-    sd = load_file(str(path))
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+        sd = {k: f.get_tensor(k) for k in f.keys()}
     man_path = path.with_name(path.stem + ".manifest.json")
     manifest = json.loads(man_path.read_text()) if man_path.exists() else {}
+    ids = sd.pop("draft_vocab", None)
     w = sd["w"]
-    heads = Heads(w.shape[-1], w.shape[0])
+    heads = Heads(w.shape[-1], w.shape[0], DraftVocab(ids, int(meta["vocab_size"])) if ids is not None else None)
     heads.load_state_dict({k: v.float() for k, v in sd.items()})
     return heads.eval(), manifest
 
@@ -95,6 +109,7 @@ class Medusa:
         self.target, self.manifest = target, manifest
         self.heads = heads.to(target.device)
         self.lm_head = target.model.get_output_embeddings()
+        self.head_w = head_weight(heads, self.lm_head)
         self.default_k = self.tree.max_depth
         self._cut: dict[int, Tree] = {}
         self.h, self.h_len, self._prompt = None, -1, None
@@ -132,9 +147,8 @@ class Medusa:
             return Proposal(torch.empty(0, dtype=torch.long))
         tree = self._cut.setdefault(ctx.k, self.tree.pruned(ctx.k)) if ctx.k < self.tree.max_depth else self.tree
         with torch.inference_mode():
-            logits = head_logits(self.heads, self.lm_head, self.h[None])[:tree.max_depth, 0]  # [D, V]
-            ranked = torch.topk(logits, max(tree.width), dim=-1).indices.cpu()              # [D, W]
-        nodes = tree.tokens(ctx.tokens[-1], ranked)
+            top = ranked(self.heads, self.head_w, self.h[None], max(tree.width))[:tree.max_depth, 0].cpu()  # [D, W]
+        nodes = tree.tokens(ctx.tokens[-1], top)
         return Proposal(nodes[1:], tree=tree, info={"heads": tree.max_depth})
 
     def feedback(self, ctx: DraftContext, n_accepted: int) -> None:
