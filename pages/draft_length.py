@@ -8,7 +8,7 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from app import measure, runs, sidebar
-from specdec_core.sweeps import expected_speedup, expected_tokens_per_step
+from specdec_core.sweeps import expected_speedup, expected_tokens_per_step, theory
 from specdec_core.workloads import WORKLOADS
 
 KEY = "measure_k"
@@ -45,21 +45,6 @@ go_clicked = st.button("Sweep the draft length", type="primary", key="k_go", ico
                        disabled=not (names and ks))
 st.caption(f"Sidebar settings used: temperature {s.temperature:g}, top-p {s.top_p:g}, seed {s.seed} "
            "(the sidebar's k is replaced by the values above).")
-
-
-def theory(rows: list[dict]) -> dict[str, dict]:
-    """Per drafter, pooled over every measured k: alpha = accepted / drafted; c from the step timings."""
-    out = {}
-    for d in dict.fromkeys(r["drafter"] for r in rows):
-        rs = [r for r in rows if r["drafter"] == d]
-        drafted = sum(r["drafted"] for r in rs)
-        alpha = sum(r["accepted"] for r in rs) / drafted if drafted else 0.0
-        draft_ms = sum(r["draft_ms_per_token"] * r["drafted"] for r in rs) / drafted if drafted else 0.0
-        fwd = [r["target_forward_ms"] for r in rs if r["target_forward_ms"] > 0]
-        fwd_ms = sum(fwd) / len(fwd) if fwd else 0.0
-        out[d] = {"alpha": alpha, "c": draft_ms / fwd_ms if fwd_ms else 0.0, "draft_ms": draft_ms,
-                  "forward_ms": fwd_ms, "drafted": drafted}
-    return out
 
 
 def figure(rows: list[dict]) -> go.Figure:

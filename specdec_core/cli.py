@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", action="store_true", help="print every verification step")
     _common(g)
     b = sub.add_parser("bench", help="baseline vs drafters on a prompt file, side by side")
-    b.add_argument("--prompts", required=True, help="JSONL, one {\"prompt\": ...} per line")
+    b.add_argument("--prompts", required=True, nargs="+", help="JSONL files, one {\"prompt\": ...} per line")
     b.add_argument("--drafter", action="append", required=True, help="repeatable")
     b.add_argument("--hf", action="store_true",
                    help="also time transformers' generate, plain and with its prompt lookup (k=10)")
@@ -128,7 +128,7 @@ def cmd_bench(args) -> int:
     import pandas as pd
     from tqdm import tqdm
     from .workloads import load_jsonl
-    rows_in = load_jsonl(args.prompts)
+    rows_in = [r for f in args.prompts for r in load_jsonl(f)]
     sp = _sp(args)
     for d in args.drafter:
         if d not in NAMES:
@@ -173,10 +173,16 @@ def cmd_bench(args) -> int:
             same_tokens=("same_tokens_as_baseline", "mean")))
     agg["tok_s"] = agg.tokens / agg.seconds
     agg["speedup_vs_none"] = agg.tok_s / agg.loc["none", "tok_s"]
+    dest = sys.stderr if args.json else sys.stdout
     print(f"\nmodel {target.name} ({str(target.dtype).removeprefix('torch.')}, {target.device}); "
-          f"temperature {sp.temperature}; max new tokens {args.max_new_tokens}; prompts {args.prompts}",
-          file=sys.stderr if args.json else sys.stdout)
-    print(agg.round(3).to_string(), file=sys.stderr if args.json else sys.stdout)
+          f"temperature {sp.temperature}; max new tokens {args.max_new_tokens}; prompts {' '.join(args.prompts)}",
+          file=dest)
+    print(agg.round(3).to_string(), file=dest)
+    if df["category"].nunique() > 1 and "mean_acceptance_length" in df:  # the same figures per category
+        cat = df.groupby(["category", "drafter"], sort=False).agg(
+            prompts=("id", "count"), mean_acc_len=("mean_acceptance_length", "mean"),
+            acceptance_rate=("acceptance_rate", "mean"), mean_speedup=("speedup", "mean"))
+        print("\nper category\n" + cat.round(3).to_string(), file=dest)
     return 0
 
 
@@ -228,6 +234,13 @@ def cmd_sweep(args) -> int:
         import pandas as pd
         key = {"temperature": "temperature", "k": "k", "batch": "batch_size"}[args.axis]
         cols = [key, "acceptance_rate", "mean_acceptance_length", "tokens_per_s", "baseline_tokens_per_s", "speedup"]
+        if args.axis == "k":  # Leviathan et al.'s prediction from alpha and c pooled over every k measured
+            th = sweeps.theory(table)[args.drafter]
+            for p in table:
+                p["predicted_speedup"] = sweeps.expected_speedup(th["alpha"], p["k"], th["c"])
+            cols.append("predicted_speedup")
+            print(f"alpha = {th['alpha']:.3f} (accepted / drafted), c = {th['c']:.3f} (draft ms per token "
+                  f"{th['draft_ms']:.2f} / target forward ms {th['forward_ms']:.2f})")
         print(pd.DataFrame(table)[cols].round(3).to_string(index=False))
     return 0
 

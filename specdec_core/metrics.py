@@ -68,3 +68,18 @@ def summarize(records: list[StepRecord]) -> RunMetrics:
         accepted_histogram=dict(Counter(r.n_accepted for r in records)),
         target_forwards=records[-1].target_forwards, draft_forwards=records[-1].draft_forwards,
     )
+
+
+def timings(recs_runs: list[list], base_runs: list[list]) -> dict:
+    """Where the time goes, from the StepRecords: draft seconds per drafted token, one plain target forward,
+    and one verification forward over the pending token plus the drafts. c = draft per token / target forward
+    is Leviathan et al.'s cost ratio. The first step of each run is left out: its target work is the prefill."""
+    drafted = sum(r.k for recs in recs_runs for r in recs)
+    t_draft = sum(r.t_draft for recs in recs_runs for r in recs if r.k)
+    plain = [r.t_score for recs in base_runs for r in recs if r.index > 0]
+    verify = [r.t_score for recs in recs_runs for r in recs if r.index > 0 and r.k]
+    fwd = sum(plain) / len(plain) if plain else 0.0
+    per_tok = t_draft / drafted if drafted else 0.0
+    return {"draft_ms_per_token": 1e3 * per_tok, "target_forward_ms": 1e3 * fwd,
+            "verify_forward_ms": 1e3 * (sum(verify) / len(verify)) if verify else 0.0,
+            "cost_ratio_c": per_tok / fwd if fwd else 0.0}

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Iterator
 from .batch import run_batch
 from .drafters import make
 from .engine import run
-from .metrics import per_position
+from .metrics import per_position, timings
 from .models import LM
 from .sampling import SamplingParams
 
@@ -28,6 +28,21 @@ def expected_speedup(alpha: float, k: int, c: float) -> float:
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """Leviathan et al. (2023), eq. 1: E[committed tokens per step] = (1 - alpha^(k+1)) / (1 - alpha)."""
     return k + 1 if alpha == 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def theory(rows: list[dict]) -> dict[str, dict]:
+    """Per drafter, pooled over every measured k: alpha = accepted / drafted; c from the step timings."""
+    out = {}
+    for d in dict.fromkeys(r["drafter"] for r in rows):
+        rs = [r for r in rows if r["drafter"] == d]
+        drafted = sum(r["drafted"] for r in rs)
+        alpha = sum(r["accepted"] for r in rs) / drafted if drafted else 0.0
+        draft_ms = sum(r["draft_ms_per_token"] * r["drafted"] for r in rs) / drafted if drafted else 0.0
+        fwd = [r["target_forward_ms"] for r in rs if r["target_forward_ms"] > 0]
+        fwd_ms = sum(fwd) / len(fwd) if fwd else 0.0
+        out[d] = {"alpha": alpha, "c": draft_ms / fwd_ms if fwd_ms else 0.0, "draft_ms": draft_ms,
+                  "forward_ms": fwd_ms, "drafted": drafted}
+    return out
 
 
 def _point(runs: list[tuple], base: list[tuple]) -> dict:
@@ -46,7 +61,8 @@ def _point(runs: list[tuple], base: list[tuple]) -> dict:
             "tokens_per_s": tps, "baseline_tokens_per_s": btps, "speedup": tps / btps if btps else 0.0,
             "tokens": tok, "drafted": drafted, "accepted": accepted, "steps": steps,
             "per_position_acceptance": [o / t if t else 0.0 for o, t in zip(ok, tried)],
-            "same_tokens_as_baseline": all(a[0] == b[0] for a, b in zip(runs, base))}
+            "same_tokens_as_baseline": all(a[0] == b[0] for a, b in zip(runs, base)),
+            **timings([recs for _, recs, _ in runs], [recs for _, recs, _ in base])}
 
 
 def _pairs(target: LM, drafter_name: str, prompts: list, sp: SamplingParams, k: int | None, max_new: int,
