@@ -21,7 +21,7 @@ from scipy.stats import chi2_contingency
 
 from specdec_core import InputError, SamplingParams, drafters, engine
 from specdec_core.batch import run_batch
-from specdec_core.metrics import per_position, timings
+from specdec_core.metrics import per_position, tested, timings
 from specdec_core.workloads import WORKLOADS
 
 from . import runs
@@ -251,7 +251,7 @@ def point(base: list[tuple], spec: list[tuple]) -> dict:
     tried, ok = per_position(r for _, recs, _ in spec for r in recs)
     return {**compare(s, b, s["steps"], sum(a[0] == c[0] for a, c in zip(base, spec)), len(base)),
             "per_position_acceptance": [o / t if t else 0.0 for o, t in zip(ok, tried)],
-            "per_position_tried": tried,
+            "per_position_tried": tried, "tested": tested(r for _, recs, _ in spec for r in recs),
             **timings([recs for _, recs, _ in spec], [recs for _, recs, _ in base])}
 
 

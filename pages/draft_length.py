@@ -77,7 +77,9 @@ def figure(rows: list[dict]) -> go.Figure:
                     showlegend=False, legendgroup=d, customdata=[tried[i] for i in pos],
                     hovertemplate="position %{x}: %{y:.0%} of %{customdata} drafts kept<extra>" + d + "</extra>",
                     row=1, col=3)
-        fig.add_hline(y=t["alpha"], line_dash="dot", line_color=c, row=1, col=3)
+        fig.add_scatter(x=[i + 1 for i in pos], y=[t["alpha"] ** (i + 1) for i in pos], mode="lines+markers",
+                        line=dict(color=c, dash="dot"), showlegend=False, legendgroup=d,
+                        hovertemplate="α^%{x} = %{y:.0%}<extra>" + d + ": predicted</extra>", row=1, col=3)
     fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c", row=1, col=1)
     fig.update_xaxes(title="k (tokens drafted per step)", dtick=1, row=1, col=1)
     fig.update_xaxes(title="k", dtick=1, row=1, col=2)
@@ -119,7 +121,8 @@ for d, t in th.items():
             + ", ".join(f"{r['verify_forward_ms']:.0f} ms (k = {int(r['k'])})" for _, r in verify.iterrows())
             + f", against {t['forward_ms']:.0f} ms for one plain pass.") if len(verify) else ""
     st.markdown(
-        f"**`{d}`.** Measured α = **{t['alpha']:.2f}** ({int(t['drafted'])} drafted tokens, all k pooled). "
+        f"**`{d}`.** Measured α = **{t['alpha']:.2f}** (guesses kept out of the {int(t['tested'])} the target "
+        f"judged, all k pooled; a guess after a rejection is never judged). "
         f"Cost ratio **c = {t['c']:.3f}**: drafting took {t['draft_ms']:.2f} ms per drafted token and one plain "
         f"target forward pass {t['forward_ms']:.1f} ms (both from the steps' own timers, prefill left out). "
         f"Among k = 1…{max(KS)} the formula peaks at **k = {kbest}** (predicted {pred[kbest]:.2f}×); the best "
@@ -127,9 +130,9 @@ for d, t in th.items():
         f"**{int(best['k'])}** at **{best['speedup']:.2f}×**.{vtxt}")
 st.markdown(
     "**How to read it.** Dotted lines are the prediction, dots the measurement. Left: speedup. Middle: tokens "
-    "committed per target pass, (1 − α^(k+1)) / (1 − α), which ignores cost. Right: of the drafts that reached "
-    "position i (every earlier guess was kept), the share kept; the dotted line is the single α the formula "
-    "assumes for every position.")
+    "committed per target pass, (1 − α^(k+1)) / (1 − α), which ignores cost. Right: the share of guesses at "
+    "position i that were kept, which needs every earlier guess kept too; the dotted line is the formula's "
+    "α^i, one α for every position.")
 st.markdown(
     "**Why the measurement may differ from the prediction.** The formula assumes each guess is kept "
     "independently with the same probability α, and that verifying k + 1 tokens costs the same as one target "

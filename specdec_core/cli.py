@@ -239,7 +239,7 @@ def cmd_sweep(args) -> int:
             for p in table:
                 p["predicted_speedup"] = sweeps.expected_speedup(th["alpha"], p["k"], th["c"])
             cols.append("predicted_speedup")
-            print(f"alpha = {th['alpha']:.3f} (accepted / drafted), c = {th['c']:.3f} (draft ms per token "
+            print(f"alpha = {th['alpha']:.3f} (accepted / tested), c = {th['c']:.3f} (draft ms per token "
                   f"{th['draft_ms']:.2f} / target forward ms {th['forward_ms']:.2f})")
         print(pd.DataFrame(table)[cols].round(3).to_string(index=False))
     return 0

@@ -48,6 +48,14 @@ def per_position(records) -> tuple[list[int], list[int]]:
     return tried, ok
 
 
+def tested(records) -> int:
+    """Drafted tokens the target actually judged: every accepted one, plus the first rejected one of a step.
+
+    accepted / tested is Leviathan et al.'s alpha (the chance a guess is kept, given the target got to it);
+    accepted / drafted, the acceptance rate, also counts the guesses after a rejection, which nobody looked at."""
+    return sum(r.n_accepted + (r.n_accepted < r.k) for r in records if r.k)
+
+
 def summarize(records: list[StepRecord]) -> RunMetrics:
     if not records:
         raise ValueError("no steps to summarize")

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Iterator
 from .batch import run_batch
 from .drafters import make
 from .engine import run
-from .metrics import per_position, timings
+from .metrics import per_position, tested, timings
 from .models import LM
 from .sampling import SamplingParams
 
@@ -31,17 +31,19 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 
 def theory(rows: list[dict]) -> dict[str, dict]:
-    """Per drafter, pooled over every measured k: alpha = accepted / drafted; c from the step timings."""
+    """Per drafter, pooled over every measured k: alpha = accepted / tested (metrics.tested); c from the step
+    timings."""
     out = {}
     for d in dict.fromkeys(r["drafter"] for r in rows):
         rs = [r for r in rows if r["drafter"] == d]
         drafted = sum(r["drafted"] for r in rs)
-        alpha = sum(r["accepted"] for r in rs) / drafted if drafted else 0.0
+        judged = sum(r["tested"] for r in rs)
+        alpha = sum(r["accepted"] for r in rs) / judged if judged else 0.0
         draft_ms = sum(r["draft_ms_per_token"] * r["drafted"] for r in rs) / drafted if drafted else 0.0
         fwd = [r["target_forward_ms"] for r in rs if r["target_forward_ms"] > 0]
         fwd_ms = sum(fwd) / len(fwd) if fwd else 0.0
         out[d] = {"alpha": alpha, "c": draft_ms / fwd_ms if fwd_ms else 0.0, "draft_ms": draft_ms,
-                  "forward_ms": fwd_ms, "drafted": drafted}
+                  "forward_ms": fwd_ms, "drafted": drafted, "tested": judged}
     return out
 
 
@@ -60,6 +62,7 @@ def _point(runs: list[tuple], base: list[tuple]) -> dict:
             "mean_acceptance_length": tok / steps if steps else 0.0,
             "tokens_per_s": tps, "baseline_tokens_per_s": btps, "speedup": tps / btps if btps else 0.0,
             "tokens": tok, "drafted": drafted, "accepted": accepted, "steps": steps,
+            "tested": tested(r for _, recs, _ in runs for r in recs),
             "per_position_acceptance": [o / t if t else 0.0 for o, t in zip(ok, tried)],
             "same_tokens_as_baseline": all(a[0] == b[0] for a, b in zip(runs, base)),
             **timings([recs for _, recs, _ in runs], [recs for _, recs, _ in base])}

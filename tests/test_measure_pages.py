@@ -126,9 +126,10 @@ def test_draft_length_page_draws_leviathan_from_measured_alpha_and_c():
         assert len(r["per_position_acceptance"]) <= r["k"]
         assert r["target_forward_ms"] > 0 and r["cost_ratio_c"] >= 0
         assert r["cost_ratio_c"] == pytest.approx(r["draft_ms_per_token"] / r["target_forward_ms"])
-    # the shown prediction uses alpha pooled over the sweep and the measured c
+    # the shown prediction uses alpha pooled over the sweep (kept / judged guesses) and the measured c
     drafted = sum(r["drafted"] for r in res.rows)
-    alpha = sum(r["accepted"] for r in res.rows) / drafted
+    assert all(r["accepted"] <= r["tested"] <= r["drafted"] for r in res.rows)
+    alpha = sum(r["accepted"] for r in res.rows) / sum(r["tested"] for r in res.rows)
     assert f"α = **{alpha:.2f}**" in text(at)
     table = at.dataframe[0].value
     # c pooled over the sweep: draft time per drafted token over the mean plain forward

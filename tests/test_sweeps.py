@@ -42,3 +42,30 @@ def test_sweeps_on_bundled(bundled):
         assert p["mean_acceptance_length"] <= p["k"] + 1
     (t,) = sweep_temperature(bundled, "lookup", prompts, [0.9], max_new_tokens=12)
     assert t["temperature"] == 0.9 and t["tokens"] > 0 and t["baseline_tokens_per_s"] > 0
+
+
+def test_alpha_counts_only_the_guesses_the_target_judged():
+    from types import SimpleNamespace as R
+    from specdec_core.metrics import tested
+    from specdec_core.sweeps import theory
+    recs = [R(k=4, n_accepted=2), R(k=4, n_accepted=4), R(k=0, n_accepted=0), R(k=3, n_accepted=0)]
+    # 2 kept + 1 rejected, 4 kept, nothing drafted, 1 rejected (the two guesses after it were never judged)
+    assert tested(recs) == 3 + 4 + 0 + 1
+    rows = [{"drafter": "d", "drafted": 11, "accepted": 6, "tested": 8, "draft_ms_per_token": 2.0,
+             "target_forward_ms": 20.0}]
+    th = theory(rows)["d"]
+    assert th["alpha"] == pytest.approx(6 / 8) and th["c"] == pytest.approx(0.1)
+    # with i.i.d. guesses kept with probability a, the judged-guess estimate recovers a at every k
+    import random
+    rng, a = random.Random(0), 0.6
+    for k in (1, 4, 8):
+        steps = []
+        for _ in range(20000):
+            n = 0
+            while n < k and rng.random() < a:
+                n += 1
+            steps.append(R(k=k, n_accepted=n))
+        kept = sum(s.n_accepted for s in steps)
+        assert kept / tested(steps) == pytest.approx(a, abs=0.01)
+        if k > 1:  # while the acceptance rate falls with k
+            assert kept / (k * len(steps)) < a - 0.05
