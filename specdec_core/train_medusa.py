@@ -36,7 +36,7 @@ def _args(argv):
     ap.add_argument("--heads", type=int, default=4, help="number of heads (tree depth at most this)")
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch", type=int, default=512, help="positions per step")
-    ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (most frequent answer tokens)")
+    ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (tokens the heads rank)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")

@@ -10,7 +10,8 @@ by default (`--temps 0,0.7` adds a sampled pass), with its top-64 log-probs at e
 targets (distill.py; cached under runs/distill/). Greedy answers are the contexts of the greedy benchmark, and
 the soft targets carry the whole distribution at each position; within the 30-minute budget on 2 cores, more
 prompts bought more than a second, sampled pass over the same ones. Both chain drafters score only a draft
-vocabulary of the most frequent answer tokens (drafters/vocab.py), which makes their forward cheaper.
+vocabulary, the tokens the target puts the most probability on (drafters/vocab.py), which makes their forward
+cheaper.
 Each run is seeded, shows progress and loss, and writes WEIGHTS/<kind>.safetensors plus <kind>.manifest.json
 (data, steps, loss, measured acceptance on held-out prompts, draft cost, command, versions, sha256).
 """
@@ -46,7 +47,7 @@ def _args(kind: str, argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=16, help="sequences per step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--temps", default="0", help="temperatures of the target-answer passes (0 = greedy)")
-    ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (most frequent answer tokens)")
+    ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (tokens scored by the draft)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--n-prompts", type=int, default=None, help="use only the first N training prompts")
@@ -257,6 +258,7 @@ def train_draft(a, argv) -> int:
     m.model.embed_tokens.weight.requires_grad_(False)  # shared with the target at load time: must not move
     params = [p for p in m.parameters() if p.requires_grad]
     head_w = vocab.head(m.model.embed_tokens.weight.detach())
+
     def hidden(pre, sel):
         return m.model(input_ids=pre[0], attention_mask=pre[1], use_cache=False).last_hidden_state[sel]  # [N, d]
     losses, train_s = fit({"draft": (params, hidden)}, lambda ids, mask: (ids, mask), head_w, vocab, rows, a,
