@@ -104,7 +104,7 @@ def test_draft_is_an_ordinary_small_llama(bundled):
     outside[ids] = False
     assert torch.isneginf(logits[outside]).all() and torch.isfinite(logits[ids]).all()
     man = json.loads((WEIGHTS / "draft.manifest.json").read_text())
-    assert man["vocab"]["size"] == len(ids) and man["vocab"]["heldout_coverage"] > 0.97
+    assert man["vocab"]["size"] == len(ids) and man["vocab"]["heldout_coverage"] > 0.95
 
 
 def test_draft_vocab_maps_and_buckets():
