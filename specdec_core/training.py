@@ -37,7 +37,7 @@ from .drafters import distilled
 from .drafters.vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent / "weights"
-STEPS = {"draft": 1800, "early-exit": 500}  # sized to finish within 30 minutes on 2 quiet cores
+STEPS = {"draft": 1800, "early-exit": 700}  # sized to finish within 30 minutes on 2 quiet cores
 
 
 def _args(kind: str, argv: list[str]) -> argparse.Namespace:
@@ -58,7 +58,7 @@ def _args(kind: str, argv: list[str]) -> argparse.Namespace:
         ap.add_argument("--init-layers", default="0,29", help="target layers the draft's layers start from")
         ap.add_argument("--k", type=int, default=4, help="draft length for the acceptance measurement")
     else:
-        ap.add_argument("--layers", default="2,4,6", help="candidate exit layers L, trained together")
+        ap.add_argument("--layers", default="1,2,3", help="candidate exit layers L, trained together")
     a = ap.parse_args(argv)
     if a.steps < 1 or a.batch < 1 or a.lr <= 0:
         ap.error("--steps and --batch must be >= 1 and --lr > 0")
