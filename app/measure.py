@@ -135,12 +135,9 @@ def measure(key: str, params: dict, names: list[str], s: Settings, total: Callab
     res = begin(key, params)
     try:
         tgt = runs.target()
-        specs, res.notes = resolve(names, s, tgt)
+        specs = runnable(res, names, s, tgt)
     except UserError as e:
         res.status, res.error = "failed", str(e)
-        return
-    if not specs:
-        res.status, res.error = "failed", "None of the chosen drafters can run here (see the warnings)."
         return
     live = Live(key, total(specs), verb)
     collect(res, points(tgt, specs, live), live, figure)
@@ -199,6 +196,14 @@ def resolve(names: list[str], s: Settings, tgt) -> tuple[list[tuple[str, object]
             else runs.model(spec)
         ok.append((n, lm))
     return ok, notes
+
+
+def runnable(res: Result, names: list[str], s: Settings, tgt) -> list[tuple[str, object]]:
+    """`resolve`, its notes kept on `res`; a UserError when none of the chosen drafters can run."""
+    specs, res.notes = resolve(names, s, tgt)
+    if not specs:
+        raise UserError("None of the chosen drafters can run here (see the warnings).")
+    return specs
 
 
 def encode(tgt, texts: Iterable[str]) -> list[list[int]]:

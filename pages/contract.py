@@ -114,9 +114,7 @@ if g_clicked:
     res = measure.begin(KEY_G, g_params)
     try:
         tgt = runs.target()
-        specs, res.notes = measure.resolve(names, s, tgt)
-        if not specs:
-            raise runs.UserError("None of the chosen drafters can run here (see the warnings).")
+        specs = measure.runnable(res, names, s, tgt)
         live = measure.Live(KEY_G, n_prompts * (1 + len(specs)), "Decoding")
         measure.collect(res, greedy_rows(tgt, specs, live), live, greedy_figure)
     except runs.UserError as e:
@@ -272,9 +270,7 @@ if s_clicked:
     res = measure.begin(KEY_S, s_params)
     try:
         tgt = runs.target()
-        specs, res.notes = measure.resolve(names, s, tgt)
-        if not specs:
-            raise runs.UserError("None of the chosen drafters can run here (see the warnings).")
+        specs = measure.runnable(res, names, s, tgt)
         measure.sampling(temp, s)
         live = measure.Live(KEY_S, n_samples * (1 + len(specs)), "Sampling")
         measure.collect(res, sample_all(tgt, specs, live, res), live)
