@@ -1,8 +1,14 @@
 """Batched speculative decoding with ragged acceptance (batch sizes 1..64+).
 
 Every sequence drafts, is verified and accepts its own number of tokens each step (the rule of verify.py, or of
-verify_tree.py for a candidate tree, applied row by row). The batch shares one KV cache; ragged acceptance is
-handled with *holes* instead of re-packing: each step appends the same number of slots L to every row (as many
+verify_tree.py for a candidate tree, applied row by row). The batch shares one KV cache.
+
+With our forward (forward.py) each row of the static cache keeps its own length: a row's new tokens go to the
+slots after its committed ones, at their own positions, and what it keeps is its new length (a tree's accepted
+path is compacted into place). No padding enters any row's attention, and the forward is batch-invariant, so
+every row's logits are bitwise those it would get decoded alone.
+
+With transformers' forward ragged acceptance is handled with *holes* instead of re-packing: each step appends the same number of slots L to every row (as many
 as the longest row's pending token + draft), and a per-row validity mask marks the slots that hold committed
 tokens. Rejected drafts and padding stay in the cache but are masked out of every later query, and each row
 carries its own position ids, so every sequence sees exactly its own tokens at their own positions: at
@@ -32,10 +38,10 @@ from typing import Callable, Iterator
 import torch
 
 from .drafters import DraftContext, Drafter
-from .engine import _pad, check_run_args
-from .models import LM
+from .engine import _pad, check_context, check_run_args
+from .models import LM, _cache_kw
 from .sampling import InputError, SamplingParams, probs
-from .tree_step import _cache_kw, chain_view
+from .tree_step import chain_view
 from .verify import one_hot, verify_chain
 from .verify_tree import verify_tree
 
@@ -79,6 +85,121 @@ def _chain(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()
 
 
+class _Holes:
+    """transformers' forward: one DynamicCache, right-aligned prompts, rejected slots kept as masked holes."""
+
+    def __init__(self, target: LM, B: int, hidden: bool):
+        self.t, self.B, self.hidden = target, B, hidden
+        self.cache = target.new_cache()
+        self.valid = None                                                       # [B, S] committed slots
+
+    def _forward(self, ids, attend, position_ids, valid, last_only=False):
+        t, dev = self.t, self.t.device
+        kw = dict(attention_mask=_mask(valid, attend, t.dtype), position_ids=position_ids.to(dev), use_cache=True)
+        with torch.inference_mode():
+            if not self.hidden:
+                out = t.model(ids.to(dev), logits_to_keep=int(last_only), **kw, **{t._cache_kw: self.cache})
+                return out.logits.float(), None
+            dec = t.model.get_decoder()
+            h = dec(input_ids=ids.to(dev), **kw, **{_cache_kw(dec): self.cache}).last_hidden_state
+            return t.model.get_output_embeddings()(h[:, -1:] if last_only else h).float(), h
+
+    def prefill(self, rows: list[list[int]]):
+        """Left-padded so every prompt ends in the last slot -> (logits [B, V], hidden [B, H] or None)."""
+        dev, B, P = self.t.device, self.B, max(len(r) for r in rows)
+        ids = torch.zeros(B, P, dtype=torch.long)
+        pvalid = torch.zeros(B, P, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            ids[i, P - len(r):] = torch.tensor(r)
+            pvalid[i, P - len(r):] = True
+        pvalid = pvalid.to(dev)
+        ppos = (pvalid.long().cumsum(1) - 1).clamp(min=0)
+        logits, h = self._forward(ids, _chain(P)[1].to(dev)[None] & pvalid[:, None, :], ppos, pvalid[:, :0], True)
+        self.valid = pvalid
+        self.pos = pvalid.long().sum(1)                                         # [B] next position per row
+        return logits[:, -1], None if h is None else h[:, -1]
+
+    def step(self, new):
+        """new: per row (ids, position offsets, who-sees-whom) -> per row (logits [n, V], hidden [n, H])."""
+        dev, B = self.t.device, self.B
+        L = max(len(s) for s, _, _ in new)
+        ids = torch.zeros(B, L, dtype=torch.long)
+        offs = torch.zeros(B, L, dtype=torch.long)
+        attend = torch.zeros(B, L, L, dtype=torch.bool)
+        for i, (s, o, a) in enumerate(new):
+            ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+            offs[i, :len(s)], attend[i, :len(s), :len(s)] = o, a
+        logits, h = self._forward(ids, attend.to(dev), self.pos[:, None] + offs.to(dev), self.valid)   # [B, L, V]
+        self.keep = torch.zeros(B, L, dtype=torch.bool)
+        return [(logits[i, :len(s)], None if h is None else h[i, :len(s)]) for i, (s, _, _) in enumerate(new)]
+
+    def commit(self, i: int, kept: list[int]) -> None:
+        """Row i keeps these of its new slots (in order): they become valid, the rest are holes."""
+        self.keep[i, kept] = True
+        self.pos[i] += len(kept)
+
+    def end_step(self) -> None:
+        self.valid = torch.cat([self.valid, self.keep.to(self.t.device)], dim=1)
+        tail = int((~self.valid).flip(1).long().cumprod(1).sum(1).min())     # slots empty in every row at the end
+        if tail:
+            self.cache.crop(-tail)
+            self.valid = self.valid[:, :self.valid.shape[1] - tail]
+
+    def slots(self) -> tuple[int, list[int]]:
+        return self.valid.shape[1], self.valid.sum(1).tolist()
+
+
+class _Rows:
+    """Our forward: a static cache with one length per row; kept tokens are compacted into place."""
+
+    def __init__(self, target: LM, B: int, hidden: bool):
+        self.fwd, self.hidden = target.fwd, hidden
+        self.cache = target.new_cache(B)
+
+    def _run(self, ids, rows, pos, slots=None, anc=None, out_rows=None):
+        return self.fwd(torch.tensor(ids, dtype=torch.long), rows, torch.tensor(pos), self.cache,
+                        None if slots is None else torch.tensor(slots), anc,
+                        None if out_rows is None else torch.tensor(out_rows), hidden=True)
+
+    def prefill(self, rows: list[list[int]]):
+        flat = [t for r in rows for t in r]
+        owner = [i for i, r in enumerate(rows) for _ in r]
+        pos = [j for r in rows for j in range(len(r))]
+        last = torch.tensor([len(r) for r in rows]).cumsum(0) - 1
+        logits, h = self._run(flat, owner, pos, out_rows=last.tolist())
+        for i, r in enumerate(rows):
+            self.cache.set_length(i, len(r))
+        self.base = list(self.cache.lens)
+        return logits, h[last] if self.hidden else None
+
+    def step(self, new):
+        ids, owner, pos, slots, anc, spans = [], [], [], [], [], []
+        for i, (s, o, a) in enumerate(new):
+            base, n = self.cache.lens[i], len(s)
+            spans.append((len(ids), n))
+            ids += s
+            owner += [i] * n
+            pos += (base + o).tolist()
+            slots += range(base, base + n)
+            chain = bool(torch.equal(a, _chain(n)[1]))
+            anc += [None if chain else [base + c for c in range(n) if a[j, c]] for j in range(n)]
+        logits, h = self._run(ids, owner, pos, slots, anc if any(x is not None for x in anc) else None)
+        self.base = list(self.cache.lens)
+        return [(logits[a:a + n], h[a:a + n]) for a, n in spans]
+
+    def commit(self, i: int, kept: list[int]) -> None:
+        if kept == list(range(len(kept))):
+            self.cache.set_length(i, self.base[i] + len(kept))
+        else:
+            self.cache.compact(i, self.base[i], torch.tensor(kept))
+
+    def end_step(self) -> None:
+        pass
+
+    def slots(self) -> tuple[int, list[int]]:
+        return max(self.cache.lens), list(self.cache.lens)
+
+
 def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[list[int]] | list[torch.Tensor],
                  sp: SamplingParams | None = None, k: int | None = None, max_new_tokens: int = 64,
                  stop_at_eos: bool = True) -> Iterator[BatchStep]:
@@ -90,46 +211,24 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
     rows = [[int(t) for t in (p.tolist() if torch.is_tensor(p) else p)] for p in prompts]
     if not rows or any(not r for r in rows):
         raise InputError("every prompt in a batch must hold at least one token")
+    for r in rows:
+        check_context(target, len(r), max_new_tokens, k)
     B, dev = len(rows), target.device
     eos = target.eos_ids if stop_at_eos else set()
     gen = torch.Generator(device=dev).manual_seed(sp.seed)
-    mdt = target.dtype
     hidden = hasattr(drafters[0], "prefill")   # the drafter reads the target's hidden state (medusa)
-    dec, lm_head = target.model.get_decoder(), target.model.get_output_embeddings()
-
-    def forward(ids, attend, position_ids, valid, cache, last_only=False):
-        """ids [B, L] -> logits [B, L, V] float32 ([B, 1, V] with last_only), and the final-norm hidden
-        states [B, L, H] when the drafter reads them (the LM head's input, as in tree_step.tree_forward)."""
-        kw = dict(attention_mask=_mask(valid, attend, mdt), position_ids=position_ids.to(dev), use_cache=True)
-        with torch.inference_mode():
-            if not hidden:
-                out = target.model(ids.to(dev), logits_to_keep=int(last_only), **kw, **{target._cache_kw: cache})
-                return out.logits.float(), None
-            h = dec(input_ids=ids.to(dev), **kw, **{_cache_kw(dec): cache}).last_hidden_state
-            return lm_head(h[:, -1:] if last_only else h).float(), h
+    kv = (_Rows if target.fwd is not None else _Holes)(target, B, hidden)
 
     t0 = time.perf_counter()
-    # 0. prefill, left-padded so every prompt ends in the last slot
-    P = max(len(r) for r in rows)
-    ids = torch.zeros(B, P, dtype=torch.long)
-    pvalid = torch.zeros(B, P, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, P - len(r):] = torch.tensor(r)
-        pvalid[i, P - len(r):] = True
-    pvalid = pvalid.to(dev)
-    cache = target.new_cache()
-    ppos = (pvalid.long().cumsum(1) - 1).clamp(min=0)
-    logits, h = forward(ids, _chain(P)[1].to(dev)[None] & pvalid[:, None, :], ppos, pvalid[:, :0], cache, True)
-    head = logits[:, -1]                                                   # [B, V]
-    valid = pvalid                                                         # [B, S]
-    pos = pvalid.long().sum(1)                                             # [B] next position per row
+    # 0. prefill
+    head, h = kv.prefill(rows)                                             # [B, V], [B, H]
     tokens = [list(r) for r in rows]
     gen_ids: list[list[int]] = [[] for _ in rows]
     active = [True] * B
     pending: list[int | None] = [None] * B
     for i, (d, r) in enumerate(zip(drafters, rows)):
         if hidden:
-            d.prefilled(h[i, -1], r)
+            d.prefilled(h[i], r)
         d.begin(list(r))
     fwd, step = 1, 0
     while any(active):
@@ -154,20 +253,11 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
                 d = drafts[i].tokens[:ctxs[i].k].tolist() if drafts[i] is not None else []
                 s = ([] if pending[i] is None else [pending[i]]) + d
                 new.append((s,) + _chain(len(s)))
-        # 2. score: one forward over the ragged batch, right-padded to L
+        # 2. score: one forward over the ragged batch
         L = max(len(s) for s, _, _ in new)
-        logits = None
-        if L:
-            ids = torch.zeros(B, L, dtype=torch.long)
-            offs = torch.zeros(B, L, dtype=torch.long)
-            attend = torch.zeros(B, L, L, dtype=torch.bool)
-            for i, (s, o, a) in enumerate(new):
-                ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-                offs[i, :len(s)], attend[i, :len(s), :len(s)] = o, a
-            logits, h = forward(ids, attend.to(dev), pos[:, None] + offs.to(dev), valid, cache)   # [B, L, V]
-            fwd += 1
+        out = kv.step(new) if L else None
+        fwd += bool(L)
         # 3. verify and 4. commit, per row
-        keep = torch.zeros(B, L, dtype=torch.bool)
         n_drafted, n_acc, committed = [0] * B, [0] * B, [[] for _ in range(B)]
         was_active = sum(active)
         for i in range(B):
@@ -176,17 +266,17 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
             prop, first, n = drafts[i], pending[i] is None, len(new[i][0])
             if trees[i] is not None:
                 nodes = torch.tensor(new[i][0], device=dev)
-                tv = verify_tree(probs(logits[i, :n], sp), nodes, trees[i], gen)
+                tv = verify_tree(probs(out[i][0], sp), nodes, trees[i], gen)
                 accepted, token, kept = nodes[tv.path].tolist(), tv.token, [0] + tv.path
                 m = len(chain_view(trees[i], tv))
-                drafters[i].observe(h[i, kept[-1]], len(tv.path))   # the hidden state of the newest committed
+                drafters[i].observe(out[i][1][kept[-1]], len(tv.path))   # the hidden state of the newest committed
             else:
                 draft = prop.tokens[:ctxs[i].k].to(dev) if prop is not None else torch.empty(0, dtype=torch.long,
                                                                                                   device=dev)
                 m = draft.numel()
-                rl = head[i:i + 1] if first else logits[i, :0]
+                rl = head[i:i + 1] if first else head[i, :0]
                 if n:
-                    rl = torch.cat([rl, logits[i, :n]])                        # [m+1, V]
+                    rl = torch.cat([rl, out[i][0]])                            # [m+1, V]
                 V = rl.shape[-1] if prop is None or prop.q is None else max(rl.shape[-1], prop.q.shape[-1])
                 p = _pad(probs(rl, sp), V)
                 q = _pad(prop.q[:m].to(dev), V) if m and prop.q is not None else one_hot(draft, V)
@@ -204,21 +294,17 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
             gen_ids[i] += new_ids
             if len(gen_ids[i]) >= max_new_tokens:
                 active[i] = False
-            keep[i, kept] = True
-            pos[i] += len(kept)
+            kv.commit(i, kept)
             pending[i] = new_ids[-1]
             n_drafted[i], n_acc[i], committed[i] = m, len(accepted), new_ids
             # 5. feedback
             if m:
                 drafters[i].feedback(ctxs[i], len(accepted))
         if L:
-            valid = torch.cat([valid, keep.to(dev)], dim=1)
-            tail = int((~valid).flip(1).long().cumprod(1).sum(1).min())    # slots empty in every row at the end
-            if tail:
-                cache.crop(-tail)
-                valid = valid[:, :valid.shape[1] - tail]
+            kv.end_step()
+        width, cached = kv.slots()
         yield BatchStep(step, n_drafted, n_acc, committed, was_active, time.perf_counter() - t0, fwd,
-                        valid.shape[1], valid.sum(1).tolist(), done=not any(active))
+                        width, cached, done=not any(active))
         step += 1
 
 

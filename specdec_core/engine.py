@@ -36,6 +36,15 @@ def check_run_args(k: int, max_new_tokens: int) -> None:
         raise InputError(f"max new tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {max_new_tokens!r}")
 
 
+def check_context(target: LM, prompt_len: int, max_new_tokens: int, k: int) -> None:
+    """Refuse before any work when the prompt, the new tokens and one step's drafts pass the model's context."""
+    need = prompt_len + max_new_tokens + k
+    if need > target.max_len:
+        raise InputError(f"the prompt ({prompt_len} tokens) plus {max_new_tokens} new tokens and k = {k} drafts "
+                         f"need {need} positions; {target.name} has a context of {target.max_len}: shorten the "
+                         "prompt or ask for fewer new tokens")
+
+
 def _pad(x: torch.Tensor, v: int) -> torch.Tensor:
     """Zero-pad the vocab dim: a model whose head is padded beyond the tokenizer puts mass nowhere else."""
     return x if x.shape[-1] == v else torch.nn.functional.pad(x, (0, v - x.shape[-1]))
@@ -51,6 +60,7 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
     prompt = [int(t) for t in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
     if not prompt:
         raise InputError("the prompt is empty: it must hold at least one token")
+    check_context(target, len(prompt), max_new_tokens, k)
     tok, dev = target.tokenizer, target.device
     eos = target.eos_ids if stop_at_eos else set()
     gen = torch.Generator(device=dev).manual_seed(sp.seed)

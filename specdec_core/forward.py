@@ -28,6 +28,9 @@ deterministic inference) is what this file buys, and each choice below says what
   * RoPE's cos/sin come from one table indexed by position, never recomputed per call.
   * Everything else is elementwise or a per-row reduction over a fixed width.
 
+Speed: on the CPU each weight is pre-packed once into oneDNN's blocked layout (Dense), instead of being
+re-laid out inside every product; decode is then close to reading the weights once per step.
+
 The price: a little padding, a gather for tree nodes, and attention over up to BLOCK - 1 masked keys.
 """
 from __future__ import annotations
@@ -46,17 +49,40 @@ class Unsupported(ValueError):
     """This model is outside what our forward covers; the message is the one-line reason."""
 
 
+class Dense:
+    """y = x @ W^T (+ b) with W packed once for oneDNN on the CPU (plain F.linear elsewhere); rows padded."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, pack: bool = True):
+        self.w, self.b, self.packed = w, b, None
+        if pack and w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) \
+                and torch.backends.mkldnn.is_available():
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, ROWS)
+                x = w.new_zeros(ROWS, w.shape[1])
+                torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+                self.packed = packed
+            except (RuntimeError, AttributeError):   # a build without these ops: the plain product
+                pass
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        xp = pad_rows(x)
+        if self.packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise(xp, self.packed, None, "none", [], "")[:n]
+        else:
+            y = F.linear(xp, self.w)[:n]
+        return y + self.b if self.b is not None else y
+
+
 @dataclass
 class Block:
     """One decoder layer's weights, fused where one matmul can do two (q|k|v, gate|up)."""
     ln1: torch.Tensor                 # [H]
-    wqkv: torch.Tensor                # [(Hq + 2 Hkv) D, H]
-    bqkv: torch.Tensor | None         # Qwen2's q, k, v biases
-    wo: torch.Tensor                  # [H, Hq D]
-    bo: torch.Tensor | None
+    qkv: Dense                        # [(Hq + 2 Hkv) D, H], Qwen2's biases included
+    o: Dense                          # [H, Hq D]
     ln2: torch.Tensor                 # [H]
-    wgu: torch.Tensor                 # [2 I, H]
-    wd: torch.Tensor                  # [H, I]
+    gu: Dense                         # [2 I, H]
+    down: Dense                       # [H, I]
 
 
 def _fuse(mods: list) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -76,16 +102,17 @@ def _fuse(mods: list) -> tuple[torch.Tensor, torch.Tensor | None]:
     return w, b
 
 
-def block_of(layer) -> Block:
+def block_of(layer, pack: bool = True) -> Block:
     """A transformers Llama/Mistral/Qwen2 decoder layer -> its weights (shared with the module)."""
     a, m = layer.self_attn, layer.mlp
     wqkv, bqkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
     wgu, bgu = _fuse([m.gate_proj, m.up_proj])
     if bgu is not None or m.down_proj.bias is not None:
         raise Unsupported("MLP biases (mlp_bias) are not covered")
-    return Block(layer.input_layernorm.weight.detach(), wqkv, bqkv, a.o_proj.weight.detach(),
-                 None if a.o_proj.bias is None else a.o_proj.bias.detach(),
-                 layer.post_attention_layernorm.weight.detach(), wgu, m.down_proj.weight.detach())
+    bo = None if a.o_proj.bias is None else a.o_proj.bias.detach()
+    return Block(layer.input_layernorm.weight.detach(), Dense(wqkv, bqkv, pack), Dense(a.o_proj.weight.detach(), bo, pack),
+                 layer.post_attention_layernorm.weight.detach(), Dense(wgu, None, pack),
+                 Dense(m.down_proj.weight.detach(), None, pack))
 
 
 def check_arch(config) -> None:
@@ -157,19 +184,22 @@ class KVCache:
 class Forward:
     """embed -> blocks -> norm -> head over a static KVCache. Tensors in, tensors out; no transformers calls."""
 
-    def __init__(self, embed: torch.Tensor, blocks: list[Block], norm: torch.Tensor | None, head,
-                 n_heads: int, n_kv: int, head_dim: int, eps: float, inv_freq: torch.Tensor,
+    def __init__(self, embed: torch.Tensor, blocks: list[Block], norm: torch.Tensor | None, head: Dense,
+                 vocab, n_heads: int, n_kv: int, head_dim: int, eps: float, inv_freq: torch.Tensor,
                  rope_scale: float = 1.0):
         self.embed, self.blocks, self.norm, self.head = embed, blocks, norm, head
+        self.vocab = vocab   # a drafters.vocab.DraftVocab when the head scores a subset (-inf elsewhere)
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
         self.inv_freq, self.rope_scale = inv_freq.float(), float(rope_scale)
         self.dtype, self.device = embed.dtype, embed.device
         self._cos = self._sin = torch.empty(0, head_dim // 2, device=self.device)
 
     @classmethod
-    def from_model(cls, model, layers: list | None = None, norm=None, head=None) -> "Forward":
-        """From a transformers causal LM: its embedding, `layers` (default: its decoder layers), final norm
-        (default: its own; pass False for none) and head (a callable h -> logits; default: its LM head)."""
+    def from_model(cls, model, head: torch.Tensor | None = None, vocab=None, pack: bool = True) -> "Forward":
+        """From a transformers causal LM: its embedding, decoder layers, final norm and head weight
+        (default its LM head's; `vocab` when the head holds only a draft vocabulary's rows). `pack=False`
+        keeps torch's plain products: then, in fp32, the logits equal transformers' eager forward bit for
+        bit (oneDNN's packed products sum in another order: equal to about 1e-4)."""
         check_arch(model.config)
         inner = model.get_decoder()
         rot = getattr(inner, "rotary_emb", None)
@@ -177,19 +207,29 @@ class Forward:
             raise Unsupported("the model exposes no rotary inv_freq")
         cfg = model.config
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        layers = list(inner.layers) if layers is None else layers
-        norm = inner.norm if norm is None else norm
-        if head is None:
-            w = model.get_output_embeddings().weight.detach()
-            head = lambda h: F.linear(h, w)  # noqa: E731
-        return cls(inner.get_input_embeddings().weight.detach(), [block_of(l) for l in layers],
-                   norm.weight.detach() if norm is not False else None, head,
-                   cfg.num_attention_heads, cfg.num_key_value_heads, hd, cfg.rms_norm_eps,
+        head = model.get_output_embeddings().weight.detach() if head is None else head
+        return cls(inner.get_input_embeddings().weight.detach(), [block_of(l, pack) for l in inner.layers],
+                   inner.norm.weight.detach(), Dense(head, None, pack), vocab, cfg.num_attention_heads, cfg.num_key_value_heads, hd, cfg.rms_norm_eps,
                    rot.inv_freq.to(inner.get_input_embeddings().weight.device),
                    getattr(rot, "attention_scaling", 1.0))
 
+    def derive(self, blocks: list[Block], norm: torch.Tensor | None, head: Dense, vocab=None) -> "Forward":
+        """Another network over this one's embedding and rotary table: an early exit's shared trunk and exit."""
+        return Forward(self.embed, blocks, norm, head, vocab, self.n_heads, self.n_kv, self.head_dim, self.eps,
+                       self.inv_freq, self.rope_scale)
+
+    def append(self, ids: torch.Tensor, cache: KVCache, last_only: bool = False, hidden: bool = False):
+        """One sequence (row 0): ids [n] after what the cache holds; the cache's length grows by n."""
+        n, L = ids.numel(), cache.lens[0]
+        out = self(ids.view(-1), [0] * n, torch.arange(L, L + n), cache,
+                   out_rows=torch.tensor([n - 1]) if last_only else None, hidden=hidden)
+        cache.lens[0] = L + n
+        return out
+
     def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
-        return KVCache(len(self.blocks), batch, self.n_kv, self.head_dim, self.dtype, self.device, capacity)
+        # fp32 keys and values on the CPU: attention runs in fp32 and reads them without a conversion
+        kv = torch.float32 if self.device.type == "cpu" else self.dtype
+        return KVCache(len(self.blocks), batch, self.n_kv, self.head_dim, kv, self.device, capacity)
 
     # -- pieces
 
@@ -208,75 +248,73 @@ class Forward:
         xf = x.float()
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        y = F.linear(pad_rows(x), w)[:x.shape[0]]
-        return y + b if b is not None else y
-
     # -- the plan: which queries attend over which key slots, computed once per call for all layers
 
     def _plan(self, rows: list[int], base: list[int], pos: torch.Tensor, anc: list | None):
-        """Group the call's queries by (key length S, tree or chain) for attention.
-
-        Chain groups span rows: (S, rows [r], query index [r, n] into the flat tokens, mask [r, 1, G n, S]).
-        Tree groups are one row: (S, row, query index [n], gather [n, S] slots in position order, mask)."""
-        G = self.n_heads // self.n_kv
-        pos_l = pos.tolist()
-        S_of = [BLOCK * (p // BLOCK + 1) for p in pos_l]
+        """Group the call's queries by key length S (a function of position) for attention, chains across rows
+        and tree nodes per row, with their masks already padded to the product's row count."""
+        G, dev = self.n_heads // self.n_kv, self.device
+        S_of = [BLOCK * (p // BLOCK + 1) for p in pos.tolist()]
         chains: dict[int, dict[int, list[int]]] = {}
-        trees = []
+        trees: dict[tuple[int, int], list[int]] = {}
         for i, (r, S) in enumerate(zip(rows, S_of)):
             if anc is not None and anc[i] is not None:
-                trees.append((i, r, S))
+                trees.setdefault((r, S), []).append(i)
             else:
                 chains.setdefault(S, {}).setdefault(r, []).append(i)
-        dev = self.device
         groups = []
         for S, by_row in chains.items():
+            qs = list(by_row.values())
+            n = max(len(q) for q in qs)
+            idx = torch.tensor([q + [q[0]] * (n - len(q)) for q in qs], device=dev)         # [r, n] padded
+            see = torch.arange(S, device=dev) <= pos[idx][..., None]                        # [r, n, S]
+            see = _pad_see(see[:, None].expand(-1, G, -1, -1).reshape(len(qs), 1, G * n, S))
             rs = list(by_row)
-            n = max(len(q) for q in by_row.values())
-            idx = torch.tensor([q + [q[0]] * (n - len(q)) for q in by_row.values()], device=dev)   # [r, n]
-            real = torch.tensor([[j < len(q) for j in range(n)] for q in by_row.values()], device=dev)
-            p = pos[idx]                                                                        # [r, n]
-            see = torch.arange(S, device=dev)[None, None] <= p[..., None]                      # [r, n, S]
-            see = see[:, None].expand(-1, G, -1, -1).reshape(len(rs), 1, G * n, S)
-            groups.append(("chain", S, torch.tensor(rs, device=dev), idx, real, see))
-        by_key: dict[tuple[int, int], list[int]] = {}
-        for i, r, S in trees:
-            by_key.setdefault((r, S), []).append(i)
-        for (r, S), qs in by_key.items():
+            span = None        # one row, consecutive queries: slices instead of gathers
+            if len(rs) == 1 and qs[0] == list(range(qs[0][0], qs[0][0] + n)):
+                span = (rs[0], qs[0][0], n)
+            real = torch.tensor([j < len(q) for q in qs for j in range(n)], device=dev)
+            groups.append(("chain", S, torch.tensor(rs, device=dev), idx, real, see, span))
+        for (r, S), qs in trees.items():
             gather = torch.zeros(len(qs), S, dtype=torch.long)
             for j, i in enumerate(qs):
-                b = base[r]
-                gather[j, :b] = torch.arange(b)
-                gather[j, b:b + len(anc[i])] = torch.tensor(anc[i])       # ancestors then itself: slot = position
+                gather[j, :base[r]] = torch.arange(base[r])
+                gather[j, base[r]:base[r] + len(anc[i])] = torch.tensor(anc[i])   # ancestors, itself: slot = position
             idx = torch.tensor(qs, device=dev)
-            see = torch.arange(S, device=dev)[None] <= pos[idx][:, None]                       # [n, S]
-            groups.append(("tree", S, r, idx, gather.to(dev), see))
-        return groups
+            see = torch.arange(S, device=dev) <= pos[idx][:, None]                          # [n, S]
+            see = _pad_see(see[None, :, None].expand(self.n_kv, -1, G, -1))                 # [Hkv, n, G', S]
+            groups.append(("tree", S, r, idx, gather.to(dev), see, None))
+        whole = len(groups) == 1 and groups[0][6] is not None and groups[0][6][1] == 0
+        return groups, whole
 
-    def _attend(self, q: torch.Tensor, l: int, cache: KVCache, groups) -> torch.Tensor:
-        """q [N, Hq, D] fp32 (roped) -> attention output [N, Hq * D] fp32 for layer l."""
+    def _attend(self, q: torch.Tensor, n_real: int, l: int, cache: KVCache, groups, whole: bool) -> torch.Tensor:
+        """q [N, Hq, D] fp32, roped and pre-scaled -> attention output [N, Hq * D] fp32 for layer l."""
         N, Hq, D = q.shape
         Hkv, G = self.n_kv, Hq // self.n_kv
-        out = q.new_empty(N, Hq, D)
         kc, vc = cache.k[l], cache.v[l]
-        scale = D ** -0.5
-        for kind, S, r, idx, aux, see in groups:
-            if kind == "chain":
+        out = None if whole and n_real == N else q.new_zeros(N, Hq, D)
+        for kind, S, r, idx, real, see, span in groups:
+            if kind == "chain" and span is not None:
+                row, a, n = span
+                k, v = kc[row, :, :S].float(), vc[row, :, :S].float()                        # [Hkv, S, D]
+                x = q[a:a + n].view(n, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G * n, D)
+                o = _attention(x, k[None], v[None], see)                                     # [1, Hkv, G n, D]
+                o = o.view(Hkv, G, n, D).permute(2, 0, 1, 3).reshape(n, Hq, D)
+                if out is None:
+                    return o.reshape(N, Hq * D)
+                out[a:a + n] = o
+            elif kind == "chain":
                 R, n = idx.shape
-                k = kc[r, :, :S].float()                                                   # [R, Hkv, S, D]
-                v = vc[r, :, :S].float()
+                k, v = kc[r, :, :S].float(), vc[r, :, :S].float()                           # [R, Hkv, S, D]
                 x = q[idx].view(R, n, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(R, Hkv, G * n, D)
-                o = attention(x, k, v, see.expand(R, Hkv, G * n, S), scale)               # [R, Hkv, G n, D]
+                o = _attention(x, k, v, see)                                                 # [R, Hkv, G n, D]
                 o = o.view(R, Hkv, G, n, D).permute(0, 3, 1, 2, 4).reshape(R * n, Hq, D)
-                keep = aux.view(-1)
-                out[idx.view(-1)[keep]] = o[keep]
+                out[idx.view(-1)[real]] = o[real]
             else:
                 n = idx.numel()
-                k = kc[r][:, aux].float()                                                   # [Hkv, n, S, D]
-                v = vc[r][:, aux].float()
-                x = q[idx].view(n, Hkv, G, D).transpose(0, 1)                               # [Hkv, n, G, D]
-                o = attention(x, k, v, see[None, :, None].expand(Hkv, n, G, S), scale)      # [Hkv, n, G, D]
+                k, v = kc[r][:, real].float(), vc[r][:, real].float()                       # [Hkv, n, S, D]
+                x = q[idx].view(n, Hkv, G, D).transpose(0, 1)                                # [Hkv, n, G, D]
+                o = _attention(x, k, v, see)                                                 # [Hkv, n, G, D]
                 out[idx] = o.transpose(0, 1).reshape(n, Hq, D)
         return out.view(N, Hq * D)
 
@@ -289,35 +327,46 @@ class Forward:
         """Run N tokens (flat) through the network, writing their keys and values into the cache.
 
         ids [N], rows [N] (which cache row), pos [N] (position), slots [N] (cache slot; default = pos),
-        anc: per token None (chain: sees slots <= its own) or its new-slot list in position order, itself last
-        (a tree node). out_rows [M] picks the tokens whose logits are wanted (default all).
-        Returns logits [M, V] float32, or (logits, final-norm hidden [N, H]) with `hidden`. Lengths are the
-        caller's: this writes slots, it does not change cache.lens."""
+        anc: None, or per token None (chain: sees the slots up to its own) or the cache slots of its
+        ancestors and itself in position order (a tree node). out_rows [M] picks the tokens whose logits are
+        wanted (default all). Returns logits [M, V] float32, or (logits, final-norm hidden [N, H]) with
+        `hidden`. Lengths are the caller's: this writes slots, it does not change cache.lens."""
         dev = self.device
+        N = ids.numel()
         ids, pos = ids.to(dev), pos.to(dev)
         slots = pos if slots is None else slots.to(dev)
         cache.reserve(int(slots.max()) + 1)
         self._rope_table(int(pos.max()) + 1)
-        base = list(cache.lens)
-        groups = self._plan(rows, base, pos, anc)
+        groups, whole = self._plan(rows, list(cache.lens), pos, anc)
+        one = len(set(rows)) == 1 and bool((slots[1:] - slots[:-1] == 1).all())   # one row, consecutive slots
+        r0, s0 = rows[0], int(slots[0])
         rows_t = torch.tensor(rows, device=dev)
-        cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]                       # [N, 1, D/2]
-        N, Hq, Hkv, D = ids.numel(), self.n_heads, self.n_kv, self.head_dim
-        x = self.embed[ids]                                                               # [N, H]
+        Np = N + (-N % ROWS)    # pad once: every product below then has a multiple of ROWS rows
+        if Np > N:
+            ids = torch.cat([ids, ids.new_zeros(Np - N)])
+            pos = torch.cat([pos, pos[:1].expand(Np - N)])
+        cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]                       # [Np, 1, D/2]
+        Hq, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        scale = torch.tensor([D ** -0.5] * Hq + [1.0] * Hkv, device=dev)[:, None]        # q pre-scaled, k not
+        x = self.embed[ids]                                                               # [Np, H]
         for l, b in enumerate(self.blocks):
-            qkv = self._linear(self._rms(x, b.ln1), b.wqkv, b.bqkv)                       # [N, (Hq+2Hkv) D]
-            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], -1)
-            q = self._rope(q.float().view(N, Hq, D), cos, sin)
-            k = self._rope(k.float().view(N, Hkv, D), cos, sin)
-            cache.k[l][rows_t, :, slots] = k.to(self.dtype)
-            cache.v[l][rows_t, :, slots] = v.view(N, Hkv, D)
-            a = self._attend(q, l, cache, groups).to(self.dtype)
-            x = x + self._linear(a, b.wo, b.bo)
-            g, u = self._linear(self._rms(x, b.ln2), b.wgu).chunk(2, -1)
-            x = x + self._linear(F.silu(g) * u, b.wd)
-        h = self._rms(x, self.norm) if self.norm is not None else x
+            qkv = b.qkv(self._rms(x, b.ln1))                                              # [Np, (Hq+2Hkv) D]
+            qk = self._rope(qkv[:, :(Hq + Hkv) * D].float().view(Np, Hq + Hkv, D), cos, sin) * scale
+            q, k, v = qk[:, :Hq], qk[:N, Hq:], qkv[:N, (Hq + Hkv) * D:].view(N, Hkv, D)
+            if one:
+                cache.k[l][r0, :, s0:s0 + N] = k.transpose(0, 1)
+                cache.v[l][r0, :, s0:s0 + N] = v.transpose(0, 1)
+            else:
+                cache.k[l][rows_t, :, slots] = k.to(cache.dtype)
+                cache.v[l][rows_t, :, slots] = v.to(cache.dtype)
+            a = self._attend(q, N, l, cache, groups, whole).to(self.dtype)
+            x = x + b.o(a)
+            g, u = b.gu(self._rms(x, b.ln2)).chunk(2, -1)                                # [Np, I] each
+            x = x + b.down(F.silu(g) * u)
+        h = self._rms(x[:N], self.norm) if self.norm is not None else x[:N]
         hs = h if out_rows is None else h[out_rows.to(dev)]
-        logits = self.head(pad_rows(hs))[:hs.shape[0]].float()
+        logits = self.head(hs).float()
+        logits = self.vocab.scatter(logits) if self.vocab is not None else logits
         return (logits, h) if hidden else logits
 
 
@@ -328,14 +377,19 @@ def pad_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(*x.shape[:-2], extra, x.shape[-1])], -2) if extra else x
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(q k^T * scale, masked) v over the last two dims, fp32: q [.., R, D], k, v [.., S, D],
-    see [.., R, S] bool. Padded query rows see slot 0 only (a fully masked row would be NaN)."""
+def _pad_see(see: torch.Tensor) -> torch.Tensor:
+    """A mask [.., R, S] padded like its queries: the extra rows see slot 0 only (no row may be all masked)."""
+    extra = -see.shape[-2] % ROWS
+    if not extra:
+        return see
+    pad = torch.zeros(*see.shape[:-2], extra, see.shape[-1], dtype=torch.bool, device=see.device)
+    pad[..., 0] = True
+    return torch.cat([see, pad], -2)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T, masked) v over the last two dims, fp32: q [.., R, D] (pre-scaled), k, v [.., S, D],
+    see [.., R', S] bool with R' = R padded to a multiple of ROWS."""
     R = q.shape[-2]
-    qp = pad_rows(q)
-    if qp.shape[-2] > R:
-        pad = torch.zeros(*see.shape[:-2], qp.shape[-2] - R, see.shape[-1], dtype=torch.bool, device=see.device)
-        pad[..., 0] = True
-        see = torch.cat([see, pad], -2)
-    s = (qp @ k.transpose(-1, -2)) * scale
+    s = pad_rows(q) @ k.transpose(-1, -2)                                                 # [.., R', S]
     return (torch.softmax(s.masked_fill_(~see, float("-inf")), -1) @ v)[..., :R, :]

@@ -1,22 +1,28 @@
-"""Loading target and draft models, choosing device and dtype, and checking that two models can pair.
+"""Loading target and draft models, choosing device, dtype and forward, and checking that two models can pair.
 
 Speculative decoding compares p and q token id by token id (Leviathan et al. 2023), so a draft is usable
 only if its vocabulary is the target's: same token -> id map and same special tokens.
+
+Two forwards run the same weights: ours (forward.py: batch-invariant, static KV cache; the default) and
+transformers' own (`hf`, the reference). LM hides which one runs behind forward / tree_forward / new_cache.
 """
 from __future__ import annotations
 
 import importlib.util
 import inspect
 import os
-import time
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from .forward import Forward, KVCache, Unsupported
+
 BUNDLED = "bundled"
 BUNDLED_NAME = "SmolLM2-135M-Instruct (bundled GGUF, Q4_1)"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FORWARDS = ("ours", "hf")
 
 
 class ModelError(RuntimeError):
@@ -35,11 +41,17 @@ class LM:
     name: str
     dtype: torch.dtype = field(default=torch.float32)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    fwd: Forward | None = None       # our forward; None runs transformers' forward
+    fallback: str = ""               # why ours was asked for but transformers' runs
 
     def __post_init__(self):
         params = inspect.signature(self.model.forward).parameters
         # transformers 5.2x calls it `cache`; earlier 5.x and 4.x call it `past_key_values`
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def forward_name(self) -> str:
+        return "ours" if self.fwd is not None else "hf"
 
     @property
     def vocab_size(self) -> int:
@@ -49,7 +61,13 @@ class LM:
     def num_layers(self) -> int:
         return int(self.model.config.num_hidden_layers)
 
-    def new_cache(self):
+    @property
+    def max_len(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
+
+    def new_cache(self, batch: int = 1):
+        if self.fwd is not None:
+            return self.fwd.new_cache(batch)
         from transformers import DynamicCache
         try:
             return DynamicCache(config=self.model.config)
@@ -57,17 +75,54 @@ class LM:
             return DynamicCache()
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache, last_only: bool = False) -> torch.Tensor:
-        """ids [n] appended after what `cache` holds -> logits [n, V] (or [1, V] with last_only), float32."""
-        kw = {self._cache_kw: cache, "use_cache": True}
-        if last_only:
-            kw["logits_to_keep"] = 1
+    def forward(self, ids: torch.Tensor, cache, last_only: bool = False, hidden: bool = False):
+        """ids [n] appended after what `cache` holds -> logits [n, V] (or [1, V] with last_only), float32;
+        with `hidden` also the final-norm hidden states [n, H] (the LM head's input, which Medusa reads)."""
+        ids = torch.as_tensor(ids).view(-1)
+        n = ids.numel()
         try:
-            out = self.model(ids.view(1, -1).to(self.device), **kw)
+            if isinstance(cache, KVCache):
+                return self.fwd.append(ids, cache, last_only, hidden)
+            if hidden:
+                dec = self.model.get_decoder()
+                h = dec(input_ids=ids.view(1, -1).to(self.device), use_cache=True,
+                        **{_cache_kw(dec): cache}).last_hidden_state[0]
+                head = self.model.get_output_embeddings()
+                return head(h[-1:] if last_only else h).float(), h
+            kw = {self._cache_kw: cache, "use_cache": True}
+            if last_only:
+                kw["logits_to_keep"] = 1
+            return self.model(ids.view(1, -1).to(self.device), **kw).logits[0].float()
         except torch.cuda.OutOfMemoryError as e:  # pragma: no cover - GPU only
-            raise ModelError(f"GPU out of memory running {self.name} on {ids.numel()} tokens: "
+            raise ModelError(f"GPU out of memory running {self.name} on {n} tokens: "
                              "use a smaller model, a shorter prompt or fewer new tokens") from e
-        return out.logits[0].float()
+
+    @torch.inference_mode()
+    def tree_forward(self, cache, ids: torch.Tensor, tree) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [T] (root first, tree order) after what `cache` holds -> (logits [T, V] float32, hidden [T, H]).
+
+        Node i sits at position L + depth(i) and sees the committed context plus its own ancestors. The cache
+        then holds all T nodes after the context, in tree order (compact() keeps the accepted branch)."""
+        T = ids.numel()
+        if isinstance(cache, KVCache):
+            L = cache.lens[0]
+            anc = [[L + j for j in [0] + tree.path_to(i)] if i else [L] for i in range(T)]
+            logits, h = self.fwd(ids, [0] * T, L + tree.depth, cache, slots=torch.arange(L, L + T), anc=anc,
+                                 hidden=True)
+            cache.lens[0] = L + T
+            return logits, h
+        dec, dev = self.model.get_decoder(), self.device
+        L = cache.get_seq_length()
+        emb = dec.get_input_embeddings()(ids.view(1, -1).to(dev))                        # [1, T, H]
+        seen = torch.ones(T, L + T, dtype=torch.bool, device=dev)
+        seen[:, L:] = tree.mask.to(dev)
+        mask = torch.zeros(1, 1, T, L + T, dtype=emb.dtype, device=dev)
+        mask.masked_fill_(~seen, torch.finfo(emb.dtype).min)                             # additive: eager and sdpa
+        pos = (L + tree.depth).view(1, -1).to(dev)
+        out = dec(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True,
+                  **{_cache_kw(dec): cache})
+        h = out.last_hidden_state[0]                                                     # [T, H]
+        return self.model.get_output_embeddings()(h).float(), h
 
     def encode(self, text: str, raw: bool = False) -> torch.Tensor:
         """Prompt text -> [n] ids, through the chat template unless `raw` (or there is none)."""
@@ -92,6 +147,40 @@ class LM:
         return ids
 
 
+def _cache_kw(module) -> str:
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+@torch.inference_mode()
+def compact(cache, start: int, keep: torch.Tensor) -> None:
+    """Keep entries start + keep (in that order) after the first `start`, in every layer; drop the rest."""
+    if isinstance(cache, KVCache):
+        return cache.compact(0, start, keep)
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            continue
+        idx = (start + keep).to(layer.keys.device)
+        n = keep.numel()
+        layer.keys[..., start:start + n, :] = layer.keys[..., idx, :]   # gather first (a copy), then write
+        layer.values[..., start:start + n, :] = layer.values[..., idx, :]
+        layer.keys = layer.keys[..., :start + n, :]
+        layer.values = layer.values[..., :start + n, :]
+
+
+def attach_forward(lm: LM, forward: str = "ours", **kw) -> LM:
+    """Give `lm` our forward (kw go to Forward.from_model), or record why transformers' runs instead."""
+    if forward not in FORWARDS:
+        raise ModelError(f"unknown forward {forward!r}; use one of {', '.join(FORWARDS)}")
+    lm.fwd, lm.fallback = None, ""
+    if forward == "ours":
+        try:
+            lm.fwd = Forward.from_model(lm.model, **kw)
+        except Unsupported as e:
+            lm.fallback = f"{lm.name}: our forward does not cover it ({e}); running transformers' forward"
+            print(f"note: {lm.fallback}", file=sys.stderr)
+    return lm
+
+
 def pick_device(device: str | None = None) -> torch.device:
     if device:
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -100,38 +189,33 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-_CPU_DTYPE: torch.dtype | None = None
+def cpu_has_bf16() -> bool:
+    """Native bf16 arithmetic on this CPU (AVX512-BF16 or AMX), read from the kernel's CPU flags."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags.split() for f in ("avx512_bf16", "amx_bf16"))
 
 
 def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
-    """bf16 on CUDA. On the CPU, whichever of bf16/fp32 runs a decode-sized matmul faster here.
+    """From the hardware, never from a timing: bf16 on CUDA and on CPUs with native bf16, else fp32.
 
-    Decode on a small model is bound by per-op overhead and memory traffic; CPUs with native bf16
-    (AVX512-BF16, AMX) halve the traffic (measured on such a CPU: 34 ms vs 59 ms per one-token forward),
-    older ones emulate bf16 and lose. A 20 ms probe decides once per process; SPECDEC_DTYPE overrides.
-    """
-    dtype = dtype or os.environ.get("SPECDEC_DTYPE") or None
-    if dtype is not None:
-        if isinstance(dtype, torch.dtype):
-            return dtype
-        table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
-                 "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
-        if dtype not in table:
-            raise ModelError(f"unknown dtype {dtype!r}; use one of bf16, fp32, fp16")
-        return table[dtype]
-    if device.type == "cuda":
-        return torch.bfloat16
-    global _CPU_DTYPE
-    if _CPU_DTYPE is None:
-        def probe(dt):
-            a, w = torch.randn(4, 576, dtype=dt), torch.randn(1536, 576, dtype=dt)
-            torch.nn.functional.linear(a, w)
-            t = time.perf_counter()
-            for _ in range(50):
-                torch.nn.functional.linear(a, w)
-            return time.perf_counter() - t
-        _CPU_DTYPE = torch.bfloat16 if probe(torch.bfloat16) < probe(torch.float32) else torch.float32
-    return _CPU_DTYPE
+    Decode on a small model is bound by memory traffic, which bf16 halves, but CPUs without native bf16
+    emulate it and lose. The choice is the same in every process on a machine (so outputs and speeds
+    are too). `dtype` or SPECDEC_DTYPE overrides ("auto" = this rule)."""
+    dtype = dtype or os.environ.get("SPECDEC_DTYPE") or "auto"
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+             "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" or cpu_has_bf16() else torch.float32
+    if dtype not in table:
+        raise ModelError(f"unknown dtype {dtype!r}; use one of auto, bf16, fp32, fp16")
+    if table[dtype] == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ModelError("this GPU has no bf16 support: use --dtype fp16 or fp32")
+    return table[dtype]
 
 
 def bundled_dir() -> Path:
@@ -145,9 +229,23 @@ def bundled_dir() -> Path:
     return d
 
 
-def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: str | None = None) -> LM:
-    """Load `bundled`, a local directory, or a hub id (safetensors only, no remote code)."""
+def _gguf_dense():
+    """Ask transformers to unpack the GGUF into plain dense weights (it does so anyway where it has no
+    packed-matmul kernel, after warning that the weights would "stay quantized": here they never do)."""
+    try:
+        from transformers import GgufConfig
+        return {"quantization_config": GgufConfig(dequantize=True)}
+    except ImportError:  # older transformers always de-quantizes GGUF
+        return {}
+
+
+def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: str | None = None,
+         forward: str = "ours") -> LM:
+    """Load `bundled`, a local directory, or a hub id (safetensors only, no remote code), with `forward`
+    ("ours" or "hf") running it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    if forward not in FORWARDS:
+        raise ModelError(f"unknown forward {forward!r}; use one of {', '.join(FORWARDS)}")
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
     if not spec or not str(spec).strip():
@@ -157,7 +255,10 @@ def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: st
         if spec == BUNDLED:
             d = bundled_dir()
             tok = AutoTokenizer.from_pretrained(d, gguf_file=_GGUF)
-            model = AutoModelForCausalLM.from_pretrained(d, gguf_file=_GGUF, dtype=dt)
+            try:
+                model = AutoModelForCausalLM.from_pretrained(d, gguf_file=_GGUF, dtype=dt, **_gguf_dense())
+            except TypeError:
+                model = AutoModelForCausalLM.from_pretrained(d, gguf_file=_GGUF, dtype=dt)
             name = BUNDLED_NAME
         else:
             p = Path(spec).expanduser()
@@ -180,7 +281,7 @@ def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: st
     except Exception as e:  # transformers raises OSError/ValueError/... with long messages
         raise ModelError(f"could not load model {spec!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
     model = model.to(dev).eval()
-    return LM(model, tok, name, dt, dev)
+    return attach_forward(LM(model, tok, name, dt, dev), forward)
 
 
 def vocab_diff(target: LM, draft: LM) -> list[str]:

@@ -4,7 +4,8 @@ Miao et al., "SpecInfer" (2024), tree attention; Cai et al., "Medusa" (2024), se
 
   score   - the pending token (the root) and every tree node go through the target in one forward. Node i
             sits at position cache_len + depth(i) and may attend to the whole committed context plus its own
-            ancestors only (a 4D additive mask; transformers uses a 4D mask as given, and explicit position_ids).
+            ancestors only (LM.tree_forward: our forward gathers each node's ancestors into position order;
+            transformers' takes a 4D additive mask and explicit position_ids).
   verify  - verify_tree (pure) walks the tree with the exact multi-candidate rule.
   commit  - the cache now holds the root and all T-1 nodes; the accepted path's entries are moved into place
             right after the root, in every layer, and the rest dropped. The first rejected child is kept one
@@ -14,51 +15,20 @@ To the engine the step looks like a chain: drafted = the accepted path + the fir
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 
-from .models import LM
+from .models import LM, compact
 from .sampling import SamplingParams, probs
 from .tree import Tree
 from .verify import ChainVerdict, one_hot
 from .verify_tree import TreeVerdict, verify_tree
 
 
-def _cache_kw(module) -> str:
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
-@torch.inference_mode()
 def tree_forward(target: LM, cache, ids: torch.Tensor, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [T] (root first, tree order) after what `cache` holds -> (logits [T, V] float32, hidden [T, H]).
 
     hidden is the final-norm output, the LM head's input: what Medusa heads read."""
-    dec, dev = target.model.get_decoder(), target.device
-    L, T = cache.get_seq_length(), ids.numel()
-    emb = dec.get_input_embeddings()(ids.view(1, -1).to(dev))                        # [1, T, H]
-    seen = torch.ones(T, L + T, dtype=torch.bool, device=dev)
-    seen[:, L:] = tree.mask.to(dev)
-    mask = torch.zeros(1, 1, T, L + T, dtype=emb.dtype, device=dev)
-    mask.masked_fill_(~seen, torch.finfo(emb.dtype).min)                             # additive: eager and sdpa
-    pos = (L + tree.depth).view(1, -1).to(dev)
-    out = dec(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True, **{_cache_kw(dec): cache})
-    h = out.last_hidden_state[0]                                                     # [T, H]
-    return target.model.get_output_embeddings()(h).float(), h
-
-
-@torch.inference_mode()
-def compact(cache, start: int, keep: torch.Tensor) -> None:
-    """Keep entries start + keep (in that order) after the first `start`, in every layer; drop the rest."""
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-            continue
-        idx = (start + keep).to(layer.keys.device)
-        n = keep.numel()
-        layer.keys[..., start:start + n, :] = layer.keys[..., idx, :]   # gather first (a copy), then write
-        layer.values[..., start:start + n, :] = layer.values[..., idx, :]
-        layer.keys = layer.keys[..., :start + n, :]
-        layer.values = layer.values[..., :start + n, :]
+    return target.tree_forward(cache, ids, tree)
 
 
 def chain_view(tree: Tree, v: TreeVerdict) -> list[int]:

@@ -19,7 +19,7 @@ import torch
 
 from torch import nn
 
-from ..models import BUNDLED_NAME, LM, ModelError
+from ..models import BUNDLED_NAME, LM, ModelError, attach_forward
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
@@ -119,8 +119,9 @@ def load_draft(target: LM, folder: Path | None = None) -> LM:
     m = m.to(target.device, target.dtype).eval()
     if ids is not None:
         m.lm_head = SubsetHead(m.lm_head.weight, DraftVocab(ids, cfg.vocab_size))
-    return LM(m, target.tokenizer, f"distilled draft ({cfg.num_hidden_layers} layers)", target.dtype,
-              target.device)
+    lm = LM(m, target.tokenizer, f"distilled draft ({cfg.num_hidden_layers} layers)", target.dtype, target.device)
+    sub = m.lm_head if ids is not None else None
+    return attach_forward(lm, target.forward_name, **({"head": sub.weight.detach(), "vocab": sub.vocab} if sub else {}))
 
 
 def manifest(folder: Path | None = None) -> dict:

@@ -118,14 +118,8 @@ class Medusa:
 
     def prefill(self, target, prompt: list[int], cache) -> torch.Tensor:
         """The engine's prefill, keeping the last hidden state: prompt -> logits [1, V] for the first token."""
-        from ..tree_step import _cache_kw
-        dec = target.model.get_decoder()
-        with torch.inference_mode():
-            out = dec(input_ids=torch.tensor([prompt], device=target.device), use_cache=True,
-                      **{_cache_kw(dec): cache})
-            h = out.last_hidden_state[0, -1]
-            logits = self.lm_head(h[None]).float()
-        self.prefilled(h, prompt)
+        logits, h = target.forward(torch.tensor(prompt), cache, last_only=True, hidden=True)
+        self.prefilled(h[-1], prompt)
         return logits
 
     def prefilled(self, h: torch.Tensor, prompt: list[int]) -> None:
