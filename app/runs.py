@@ -12,7 +12,7 @@ from typing import Iterator
 
 import streamlit as st
 
-from specdec_core import IncompatibleModels, InputError, ModelError, SamplingParams, engine, load
+from specdec_core import LM, IncompatibleModels, InputError, ModelError, SamplingParams, engine, load
 from specdec_core import drafters
 from specdec_core.metrics import RunMetrics, summarize
 from specdec_core.records import StepRecord
@@ -61,16 +61,30 @@ class Run:
         return summarize(self.records) if self.records else None
 
 
+FORWARDS = {"ours": "ours: batch-invariant", "hf": "transformers' (reference)"}
+
+
 @st.cache_resource(show_spinner="Loading the model: once per server, about 20 seconds…", max_entries=4)
 def model(spec: str):
     return load(spec)
 
 
-def target():
+def reference(lm: LM) -> LM:
+    """The same weights run by transformers' forward: no second copy, nothing loaded."""
+    return LM(lm.model, lm.tokenizer, lm.name, lm.dtype, lm.device)
+
+
+def forward_choice() -> str:
+    return st.session_state.get("forward", "ours")
+
+
+def target(forward: str | None = None):
+    """The bundled target, run by the forward chosen in the sidebar (or `forward`)."""
     try:
-        return model(BUNDLED)
+        lm = model(BUNDLED)
     except ModelError as e:
         raise UserError(f"The bundled model could not be loaded: {e}") from e
+    return reference(lm) if (forward or forward_choice()) == "hf" else lm
 
 
 def warm() -> str | None:

@@ -8,7 +8,7 @@ import streamlit as st
 from specdec_core import drafters
 from specdec_core.sampling import MAX_TEMPERATURE
 
-from .runs import BUNDLED, Settings
+from .runs import BUNDLED, FORWARDS, Settings
 
 try:
     from specdec_core.workloads import WORKLOADS
@@ -22,7 +22,7 @@ DEFAULT_WORKLOAD = "extraction" if "extraction" in PRESETS else next(iter(PRESET
 FALLBACK_PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox"
 
 DEFAULTS = dict(drafter="lookup", draft_model=BUNDLED, k=4, top_p=1.0, seed=0, max_new_tokens=48,
-                workload=DEFAULT_WORKLOAD, example=0)
+                workload=DEFAULT_WORKLOAD, example=0, forward="ours")
 
 
 def init_state() -> None:
@@ -101,6 +101,13 @@ def build() -> Settings:
     c1, c2 = sb.columns(2)
     c1.number_input("Seed", 0, 2**31 - 1, step=1, key="seed")
     c2.number_input("Max new tokens", 1, 512, step=8, key="max_new_tokens")
+
+    sb.markdown("### Numerics")
+    sb.radio("Forward", list(FORWARDS), key="forward", format_func=FORWARDS.get, horizontal=True,
+             help="Ours scores a position bit for bit the same whether alone, in a verify step or in a batch, "
+                  "so greedy speculation gives exactly plain decoding's tokens. Transformers' forward (the "
+                  "reference) rounds a many-token pass differently: on a near-tie its speculative output can "
+                  "drift. The Output contract page shows both.")
     return current()
 
 

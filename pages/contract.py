@@ -11,11 +11,11 @@ import torch
 
 from app import measure, runs, sidebar
 from app.view import show
-from specdec_core import SamplingParams, drafters, engine
+from specdec_core import SamplingParams, drafters, engine, invariance
 from specdec_core.sampling import probs
 from specdec_core.workloads import WORKLOADS
 
-KEY_G, KEY_S = "measure_contract_greedy", "measure_contract_sampled"
+KEY_G, KEY_S, KEY_F = "measure_contract_greedy", "measure_contract_sampled", "measure_contract_forwards"
 # the fixed prompt set: the first two prompts of each single-request workload
 PROMPTS = [(f"{n}-{i + 1}", w.prompts[i]) for i in range(2) for n, w in WORKLOADS.items()
            if w.batch_size == 1 and len(w.prompts) > i]
@@ -25,6 +25,9 @@ SHOWN = 12          # histogram bars: the most frequent outcomes, the rest poole
 ss = st.session_state
 measure.settle(KEY_G)
 measure.settle(KEY_S)
+measure.settle(KEY_F)
+ss.setdefault("ct_f_prompts", 4)
+ss.setdefault("ct_f_new", 48)
 ss.setdefault("ct_prompts", 3)
 ss.setdefault("ct_max_new", 32)
 ss.setdefault("ct_temp", 1.0)
@@ -153,8 +156,72 @@ else:
                     st.html(diff_html(tgt, r["plain"], r["spec"], r["First difference at token"]))
         measure.table(df.drop(columns=["plain", "spec"]).round(4), "contract-greedy")
 
-# -- 2. sampled -------------------------------------------------------------------------------------------------
-st.header("2 · Sampling: the same distribution, on and off")
+# -- 2. the forward ---------------------------------------------------------------------------------------------
+st.header("2 · Why bit for bit: a batch-invariant forward")
+st.markdown(
+    "Greedy speculation keeps the target's argmax at every position, so it gives plain decoding's tokens only "
+    "if the target scores a position **the same whether alone (a one-token step) or as part of a verify step "
+    "of k + 1 tokens**. Most forwards do not: a many-token pass adds the same numbers in another order, and "
+    "the last bits of the logits move. Where the top two logits are closer than that, the argmax flips and the "
+    "texts part. This app runs its own forward, built so that a position's logits are bit for bit the same "
+    "however it is scored (serving engines ship the same idea as a *batch-invariant* or *deterministic* mode). "
+    "Below, prompt lookup decodes each prompt greedily on and off with both forwards: transformers' own "
+    "(the reference) and ours. Where the reference drifts, the table shows the gap between its top two logits "
+    "there, and how far that position's logits move between one-token and (k + 1)-token scoring, for both.")
+c1, c2 = st.columns(2)
+f_prompts = c1.slider("Prompts from the fixed set", 1, len(PROMPTS), key="ct_f_prompts")
+f_new = int(c2.number_input("New tokens per prompt", 8, 256, step=8, key="ct_f_new"))
+f_params = {"drafter": "lookup", "k": s.k, "prompts": f_prompts, "new tokens": f_new}
+f_clicked = st.button("Compare the two forwards", type="primary", key="ct_forward_go", icon=":material/memory:")
+
+
+def forward_rows(live):
+    ours, ref = runs.target("ours"), runs.target("hf")
+    for (pname, _), prompt in zip(PROMPTS, measure.encode(ours, [t for _, t in PROMPTS[:f_prompts]])):
+        probe = None
+        for lm in (ref, ours):   # the reference first: ours is probed where it drifted
+            d = invariance.compare(lm, lambda lm=lm: drafters.make("lookup", lm), prompt, s.k, f_new, probe)
+            live.tick(f"{pname}, {runs.FORWARDS[d.forward]}")
+            probe = d.position if probe is None else probe
+            yield {"Prompt": pname, "Forward": runs.FORWARDS[d.forward], "Identical": d.identical,
+                   "First difference at token": d.position,
+                   "Tokens there (plain / spec)": f"{show(d.plain_token)} / {show(d.spec_token)}" if d.position
+                   is not None else "",
+                   "Top-2 logit gap": d.top_gap if probe is not None else None,
+                   "1-token vs (k+1)-token logit difference": d.scoring_diff if probe is not None else None}
+
+
+if f_clicked:
+    res = measure.begin(KEY_F, f_params)
+    try:
+        live = measure.Live(KEY_F, 2 * f_prompts, "Decoding")
+        measure.collect(res, forward_rows(live), live)
+    except runs.UserError as e:
+        res.status, res.error = "failed", str(e)
+
+res = measure.stored(KEY_F)
+if res is None:
+    st.info("Press **Compare the two forwards**.", icon=":material/info:")
+else:
+    measure.show_status(res, f_params)
+    if res.rows:
+        df = pd.DataFrame(res.rows)
+        for name in runs.FORWARDS.values():
+            part = df[df["Forward"] == name]
+            if len(part):
+                same = int(part["Identical"].sum())
+                diff = part["1-token vs (k+1)-token logit difference"].dropna()
+                said = (f"**{name}**: {same} of {len(part)} prompts token-for-token identical"
+                        + (f"; one-token and (k + 1)-token scoring of the probed positions differ by up to "
+                           f"**{diff.max():.4g}** in a logit" if len(diff) else "") + ".")
+                (st.success if same == len(part) else st.warning)(said)
+        measure.table(df.round(4), "contract-forwards")
+        st.caption("Ours costs a little padding and bookkeeping per step (see `python -m specdec_core "
+                   "bench-forward`); engines' batch-invariant modes are slower than their default kernels too, "
+                   "which is why they are a switch rather than the default everywhere.")
+
+# -- 3. sampled -------------------------------------------------------------------------------------------------
+st.header("3 · Sampling: the same distribution, on and off")
 st.markdown(
     "At temperature above 0 every run draws different text, so tokens cannot be diffed. Instead the same "
     "prompt is decoded many times with different seeds, plainly and with speculation, and the first tokens "

@@ -214,7 +214,16 @@ The target has the last word on every token. A drafted token x is kept with prob
 the first rejection the target draws a replacement from norm(max(0, p − q)), the part of its distribution the
 draft under-covered. Adding the two paths gives exactly p(x) for every x: the text has **the target's
 distribution**, whatever the draft (Leviathan et al. 2023, Thm. 1). With greedy decoding that means the
-**same tokens**. Below, plain decoding and prompt lookup on the same prompt, token by token.""")
+**same tokens**. Below, plain decoding and prompt lookup on the same prompt, token by token.
+
+That is a theorem about the algorithm. An implementation also needs the target to score a position *bit for
+bit* the same in a verify pass of k + 1 tokens as in a one-token step: otherwise the last bits of the logits
+move, and where two tokens are nearly tied the argmax flips and the texts part. Serving engines sell this as a
+mode (vLLM's batch-invariant mode, SGLang's deterministic inference) because it costs speed: their fastest
+kernels pick their summation order by batch shape. This app's forward is written that way from the start
+(fixed row blocking, attention over position-aligned key blocks), so speculation here is identical by
+construction; the sidebar's *Forward* switch brings back transformers' own forward to see the difference, and
+the **Output contract** page measures both.""")
 
     def _exact():
         a, _, _ = decode("none", REPEAT)
@@ -227,8 +236,8 @@ distribution**, whatever the draft (Leviathan et al. 2023, Thm. 1). With greedy 
         (st.success if same else st.warning)(
             f"{'Identical' if same else 'Different'}: {len(a)} tokens plain, {len(b)} with lookup, "
             f"{m.steps} verification steps instead of {len(a)}." + ("" if same else
-            " In bf16 two nearly tied tokens can round differently in a many-token pass: the implementation, "
-            "not the rule."))
+            " Two nearly tied tokens rounded differently in a many-token pass: the forward, not the rule "
+            "(the sidebar's Forward is set to transformers' reference)."))
         chips(recs)
     quiz("exact", "A bad draft is used. What happens to the output distribution?",
          ["It drifts toward the draft's", "It stays the target's; only speed suffers", "It becomes greedy"], 1,

@@ -116,6 +116,7 @@ class _Holes:
         ppos = (pvalid.long().cumsum(1) - 1).clamp(min=0)
         logits, h = self._forward(ids, _chain(P)[1].to(dev)[None] & pvalid[:, None, :], ppos, pvalid[:, :0], True)
         self.valid = pvalid
+        self.keep = torch.zeros(B, 0, dtype=torch.bool)
         self.pos = pvalid.long().sum(1)                                         # [B] next position per row
         return logits[:, -1], None if h is None else h[:, -1]
 
@@ -135,6 +136,8 @@ class _Holes:
 
     def commit(self, i: int, kept: list[int]) -> None:
         """Row i keeps these of its new slots (in order): they become valid, the rest are holes."""
+        if not kept:
+            return
         self.keep[i, kept] = True
         self.pos[i] += len(kept)
 

@@ -1,7 +1,9 @@
-"""Command line: generate, bench, train. `python -m specdec_core --help`.
+"""Command line: generate, bench, bench-forward, sweep, train. `python -m specdec_core --help`.
 
 generate prints the text (or, with --json, one JSON object as the last stdout line); bench decodes every prompt
-of a JSONL file with the baseline and each drafter side by side in one process and reports speedups.
+of a JSONL file with the baseline and each drafter side by side in one process and reports speedups;
+bench-forward times our forward against transformers' (per forward, and greedy tokens/s); sweep moves one of
+temperature, batch size or k; train trains a draft source for the bundled target.
 """
 from __future__ import annotations
 
@@ -28,7 +30,10 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
-    ap.add_argument("--dtype", default=None, help="bf16 | fp32 | fp16 (default: picked for the device)")
+    ap.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp32", "fp16"],
+                    help="auto (default): bf16 on CUDA and on CPUs with native bf16, else fp32")
+    ap.add_argument("--forward", default="ours", choices=["ours", "hf"],
+                    help="ours (default): batch-invariant, static KV cache; hf: transformers' forward (reference)")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
@@ -60,6 +65,16 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--ks", default="1,2,4,8")
     s.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     _common(s)
+    f = sub.add_parser("bench-forward", help="ms per forward and greedy tok/s: our forward vs transformers'")
+    f.add_argument("--context", type=int, default=200, help="tokens already in the cache (default 200)")
+    f.add_argument("--reps", type=int, default=15, help="timed repetitions per figure (medians)")
+    f.add_argument("--new-tokens", type=int, default=128, help="greedy tokens per decode run")
+    f.add_argument("--prompts", default="specdec_core/prompts/code.jsonl",
+                   help="JSONL prompts for the tokens/s figures (default: the code prompts)")
+    f.add_argument("--limit", type=int, default=3, help="prompts used for the tokens/s figures")
+    f.add_argument("--drafter", action="append", default=None,
+                   help="drafters timed with our forward (repeatable; default: lookup and medusa)")
+    _common(f)
     t = sub.add_parser("train", help="train a draft source for the bundled target", add_help=False)
     t.add_argument("kind", choices=["draft", "early-exit", "medusa"])
     return ap
@@ -69,12 +84,17 @@ def _models(args) -> tuple[LM, LM | None]:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)  # on a shared machine one thread each beats oversubscribed spinning
-    target = load(args.model, dtype=args.dtype, device=args.device)
+    target = load(args.model, dtype=args.dtype, device=args.device, forward=args.forward)
     draft = None
     if args.draft_model:
         draft = target if args.draft_model == args.model else load(args.draft_model, dtype=args.dtype,
-                                                                     device=args.device)
+                                                                     device=args.device, forward=args.forward)
     return target, draft
+
+
+def _model_info(target: LM) -> dict:
+    return {"name": target.name, "dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
+            "forward": target.forward_name, **({"fallback": target.fallback} if target.fallback else {})}
 
 
 def _sp(args) -> SamplingParams:
@@ -99,8 +119,7 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps({"token_ids": out, "text": text, "drafter": drafter.name,
                           "k": drafter.default_k if args.k is None else args.k,
-                          "model": {"name": target.name, "dtype": str(target.dtype).removeprefix("torch."),
-                                    "device": str(target.device)},
+                          "model": _model_info(target),
                           "sampling": sp.to_dict(), "metrics": m.to_dict()}))
     else:
         print(text)
@@ -174,7 +193,8 @@ def cmd_bench(args) -> int:
     agg["tok_s"] = agg.tokens / agg.seconds
     agg["speedup_vs_none"] = agg.tok_s / agg.loc["none", "tok_s"]
     dest = sys.stderr if args.json else sys.stdout
-    print(f"\nmodel {target.name} ({str(target.dtype).removeprefix('torch.')}, {target.device}); "
+    print(f"\nmodel {target.name} ({str(target.dtype).removeprefix('torch.')}, {target.device}, "
+          f"{target.forward_name} forward); "
           f"temperature {sp.temperature}; max new tokens {args.max_new_tokens}; prompts {' '.join(args.prompts)}",
           file=dest)
     print(agg.round(3).to_string(), file=dest)
@@ -245,6 +265,14 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_bench_forward(args) -> int:
+    from .bench_forward import bench_forward
+    report = bench_forward(args)
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:
@@ -253,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(args.kind, rest)
     args = parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep}[args.cmd](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep,
+                "bench-forward": cmd_bench_forward}[args.cmd](args)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -176,7 +176,7 @@ def acceptance(lm, drafter, prompts: list[str], k: int, max_new: int) -> dict:
         per.append(dict(prompt=p, steps=len(recs), committed=c, drafted=d, accepted=a,
                         mean_acceptance_length=round(c / len(recs), 4)))
         steps, committed, drafted, accepted = steps + len(recs), committed + c, drafted + d, accepted + a
-    return dict(k=k, max_new_tokens=max_new, temperature=0.0, prompts=len(prompts),
+    return dict(forward=lm.forward_name, k=k, max_new_tokens=max_new, temperature=0.0, prompts=len(prompts),
                 mean_acceptance_length=round(committed / steps, 4),
                 acceptance_rate=round(accepted / max(drafted, 1), 4), per_prompt=per)
 

@@ -1,0 +1,211 @@
+"""Our forward (forward.py): it computes transformers' function, and it is batch-invariant bit for bit.
+
+Invariance is what makes greedy speculative decoding token-identical to plain decoding in every dtype: the
+logits of a position must not depend on how it was scored (alone, in a chain verify of any k, in a tree, or as
+one row of a batch of other sequences).
+"""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
+    Qwen2ForCausalLM
+
+from specdec_core import InputError, load, make_drafter, run
+from specdec_core.batch import run_batch
+from specdec_core.forward import Forward, Unsupported
+from specdec_core.models import LM, attach_forward, pick_dtype
+from specdec_core.tree import compile_tree
+from specdec_core.workloads import load_jsonl
+
+TEXT = ("Extract the names from: Alice met Bob in Paris; Bob later wrote to Carol. Names: Alice, Bob, Carol. "
+        "Now write a Python function that returns the sum of a list of numbers.")
+
+
+def small(kind: str, **over):
+    """A small random model of each covered family (GQA: 4 query heads over 2 key/value heads)."""
+    base = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+    base.update(over)
+    cfg, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
+                "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
+    torch.manual_seed(0)
+    m = cls(cfg(**base)).eval()
+    with torch.no_grad():   # biases start at zero: give them values so that a dropped bias would show
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.Linear) and mod.bias is not None:
+                mod.bias.normal_(0, 0.5)
+    return m
+
+
+@pytest.mark.parametrize("kind,over", [
+    ("llama", {}), ("llama", {"tie_word_embeddings": True}), ("mistral", {"sliding_window": None}),
+    ("qwen2", {}), ("llama", {"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 64}}),
+    ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+])
+def test_matches_transformers_on_small_models(kind, over):
+    """fp32, plain products: equal to transformers' eager forward within 1e-5 (Qwen2 with its qkv biases)."""
+    m = small(kind, **over)
+    m.set_attn_implementation("eager")
+    ids = torch.randint(0, 96, (150,), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = m(ids[None]).logits[0]
+    f = Forward.from_model(m, pack=False)
+    got = f(ids, [0] * 150, torch.arange(150), f.new_cache())
+    assert (got - ref).abs().max() <= 1e-5
+    if kind == "qwen2":
+        assert f.blocks[0].qkv.b is not None and f.blocks[0].qkv.b.abs().sum() > 0
+
+
+def test_matches_transformers_on_the_bundled_model(bundled_fp32):
+    """fp32: equal to transformers' eager forward bit for bit with plain products, within 1e-4 of its default
+    (sdpa) forward; with oneDNN's packed products (the default), within 2e-4 (another summation order)."""
+    m = bundled_fp32.model
+    ids = bundled_fp32.encode(TEXT)
+    n = ids.numel()
+    orig = m.config._attn_implementation
+    with torch.inference_mode():
+        sdpa = m(ids[None]).logits[0]
+        m.set_attn_implementation("eager")
+        eager = m(ids[None]).logits[0]
+        m.set_attn_implementation(orig)
+    plain = Forward.from_model(m, pack=False)
+    got = plain(ids, [0] * n, torch.arange(n), plain.new_cache())
+    assert torch.equal(got, eager)
+    assert (got - sdpa).abs().max() <= 1e-4
+    packed = bundled_fp32.forward(ids, bundled_fp32.new_cache())
+    assert (packed - eager).abs().max() <= 2e-4
+
+
+def test_unsupported_architecture_falls_back_with_a_reason(capsys):
+    m = small("llama", hidden_act="gelu")
+    lm = attach_forward(LM(m, None, "tiny-gelu"), "ours")
+    assert lm.fwd is None and lm.forward_name == "hf" and "activation 'gelu'" in lm.fallback
+    assert "running transformers' forward" in capsys.readouterr().err
+    with pytest.raises(Unsupported, match="sliding-window"):
+        Forward.from_model(small("mistral", sliding_window=16))
+
+
+def scored(lm: LM, ctx: list[int], new: list[int]) -> torch.Tensor:
+    """Logits of `new` scored in one forward after ctx (the prefill itself in one forward)."""
+    c = lm.new_cache()
+    lm.forward(torch.tensor(ctx), c)
+    return lm.forward(torch.tensor(new), c)
+
+
+@pytest.fixture(scope="module", params=["default", "fp32"])
+def either(request, bundled, bundled_fp32):
+    return bundled if request.param == "default" else bundled_fp32
+
+
+def test_a_position_scores_the_same_alone_in_a_chain_of_any_k(either):
+    lm = either
+    ids = lm.encode(TEXT).tolist()
+    ctx, new = ids[:-17], ids[-17:]
+    c = lm.new_cache()
+    lm.forward(torch.tensor(ctx), c)
+    alone = torch.cat([lm.forward(torch.tensor([t]), c) for t in new])                   # 17 one-token steps
+    for k in range(1, 17):                                                                # verify steps of k+1
+        got = scored(lm, ctx, new[:k + 1])
+        assert torch.equal(got, alone[:k + 1]), f"k={k}"
+    ctx2 = ctx[:-5]   # and the same positions after a prefill of another length, chunks crossing blocks
+    got = scored(lm, ctx2, ctx[-5:] + new[:6])[5:]
+    assert torch.equal(got, alone[:6])
+
+
+def test_a_position_scores_the_same_inside_a_tree(either):
+    lm = either
+    ids = lm.encode(TEXT).tolist()
+    ctx, root = ids[:-4], ids[-4]
+    tree = compile_tree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)])
+    nodes = torch.tensor([root, 11, 12, 13, 21, 22, 23, 31, 32])                          # tree order
+    c = lm.new_cache()
+    lm.forward(torch.tensor(ctx), c)
+    logits, hidden = lm.tree_forward(c, nodes, tree)
+    for i in range(tree.size):
+        branch = [root] + [int(nodes[j]) for j in tree.path_to(i)]
+        assert torch.equal(logits[i], scored(lm, ctx, branch)[-1]), f"node {i}"
+
+
+def test_a_sequence_scores_the_same_as_a_row_of_a_batch(either):
+    """Prefill and a verify step for three sequences of different lengths in one call == each alone."""
+    lm = either
+    f = lm.fwd
+    seqs = [lm.encode(t).tolist() for t in (TEXT, "Hello there, how are you?", "List three colours.")]
+    c = f.new_cache(batch=3)
+    rows = [i for i, s in enumerate(seqs) for _ in s[:-3]]
+    pos = [j for s in seqs for j in range(len(s) - 3)]
+    f(torch.tensor([t for s in seqs for t in s[:-3]]), rows, torch.tensor(pos), c)
+    for i, s in enumerate(seqs):
+        c.set_length(i, len(s) - 3)
+    rows = [i for i, s in enumerate(seqs) for _ in s[-3:]]
+    pos = [j for s in seqs for j in range(len(s) - 3, len(s))]
+    got = f(torch.tensor([t for s in seqs for t in s[-3:]]), rows, torch.tensor(pos), c)
+    for i, s in enumerate(seqs):
+        assert torch.equal(got[3 * i:3 * i + 3], scored(lm, s[:-3], s[-3:])), f"row {i}"
+
+
+def test_rollback_and_compaction_leave_a_fresh_prefill(bundled):
+    """The static cache after rejected drafts (rolled back) and a compacted tree branch holds exactly the
+    entries a fresh prefill of the committed tokens would."""
+    lm = bundled
+    ids = lm.encode(TEXT).tolist()
+    c = lm.new_cache()
+    lm.forward(torch.tensor(ids[:20]), c)
+    lm.forward(torch.tensor(ids[20:28]), c)
+    c.crop(-5)                                                         # 3 of 8 kept
+    tree = compile_tree([(0,), (1,), (0, 0), (1, 0)])
+    lm.tree_forward(c, torch.tensor(ids[23:24] + [7, ids[24], 9, ids[25]]), tree)
+    from specdec_core.models import compact
+    compact(c, 23, torch.tensor([0, 2, 4]))                            # root -> (1,) -> (1, 0)
+    fresh = lm.new_cache()
+    lm.forward(torch.tensor(ids[:26]), fresh)
+    assert c.get_seq_length() == fresh.get_seq_length() == 26
+    for a, b in zip(c.k + c.v, fresh.k + fresh.v):
+        assert torch.equal(a[:, :, :26], b[:, :, :26])
+
+
+def test_dtype_comes_from_the_hardware(monkeypatch):
+    monkeypatch.delenv("SPECDEC_DTYPE", raising=False)
+    import specdec_core.models as models
+    monkeypatch.setattr(models, "cpu_has_bf16", lambda: True)
+    assert pick_dtype(torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setattr(models, "cpu_has_bf16", lambda: False)
+    assert pick_dtype(torch.device("cpu")) == torch.float32 == pick_dtype(torch.device("cpu"), "auto")
+    assert pick_dtype(torch.device("cpu"), "bf16") == torch.bfloat16
+    assert pick_dtype(torch.device("cuda")) == torch.bfloat16
+
+
+def test_context_longer_than_the_model_is_refused_before_work(bundled):
+    with pytest.raises(InputError, match="context of 8192"):
+        run(bundled, make_drafter("none", bundled), [1] * 8000, max_new_tokens=300)
+
+
+# ---------------------------------------------------------------- the contract, end to end, default dtype
+
+def varied_prompts(n_per: int = 6) -> list[str]:
+    files = ["code", "json", "extraction", "chat", "creative"]
+    return [r["prompt"] for f in files for r in load_jsonl(f"specdec_core/prompts/{f}.jsonl")[:n_per]]
+
+
+def test_greedy_speculative_equals_plain_for_every_drafter(bundled):
+    """30 varied prompts, every drafter, the default dtype: token for token (no near-tie allowance)."""
+    prompts = varied_prompts()
+    assert len(prompts) >= 30
+    drafters = {n: make_drafter(n, bundled) for n in ("none", "lookup", "draft", "early-exit", "medusa")}
+    for text in prompts:
+        ids = bundled.encode(text)
+        plain = run(bundled, drafters["none"], ids, max_new_tokens=32, detail=False)[0]
+        for name, d in drafters.items():
+            got = run(bundled, d, ids, k=5 if name in ("lookup", "draft") else None, max_new_tokens=32,
+                      detail=False)[0]
+            assert got == plain, f"{name} on {text[:40]!r}"
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8])
+@pytest.mark.parametrize("name", ["none", "lookup", "draft", "medusa"])
+def test_batched_greedy_equals_plain_for_every_drafter(bundled, batch, name):
+    prompts = [bundled.encode(t) for t in varied_prompts(2)[:batch]]
+    res = run_batch(bundled, lambda: make_drafter(name, bundled), prompts, max_new_tokens=24)
+    alone = [run(bundled, make_drafter("none", bundled), p, max_new_tokens=24, detail=False)[0] for p in prompts]
+    assert res.tokens == alone
