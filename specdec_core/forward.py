@@ -192,7 +192,7 @@ class Forward:
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
         self.inv_freq, self.rope_scale = inv_freq.float(), float(rope_scale)
         self.dtype, self.device = embed.dtype, embed.device
-        self._cos = self._sin = torch.empty(0, head_dim // 2, device=self.device)
+        self._cos = self._sin = torch.empty(0, head_dim, device=self.device)
 
     @classmethod
     def from_model(cls, model, head: torch.Tensor | None = None, vocab=None, pack: bool = True) -> "Forward":
@@ -237,12 +237,14 @@ class Forward:
         if self._cos.shape[0] < end:
             n = max(end, 2 * self._cos.shape[0], 1024)
             f = torch.arange(n, device=self.device, dtype=torch.float32)[:, None] * self.inv_freq[None]
-            self._cos, self._sin = f.cos() * self.rope_scale, f.sin() * self.rope_scale   # [n, D/2]
+            c, s = f.cos() * self.rope_scale, f.sin() * self.rope_scale                   # [n, D/2]
+            self._cos, self._sin = torch.cat([c, c], -1), torch.cat([-s, s], -1)          # [n, D]
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [N, h, D] fp32 rotated by its position's angles (the half-split layout transformers uses)."""
-        a, b = x.chunk(2, -1)
-        return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+        """x [N, h, D] fp32 rotated by its position's angles (the half-split layout transformers uses):
+        [a, b] -> [a cos - b sin, b cos + a sin], with cos = [c, c] and sin = [-s, s] from the table."""
+        h = x.shape[-1] // 2
+        return x * cos + torch.cat([x[..., h:], x[..., :h]], -1) * sin
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -345,7 +347,7 @@ class Forward:
         if Np > N:
             ids = torch.cat([ids, ids.new_zeros(Np - N)])
             pos = torch.cat([pos, pos[:1].expand(Np - N)])
-        cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]                       # [Np, 1, D/2]
+        cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]                       # [Np, 1, D]
         Hq, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         scale = torch.tensor([D ** -0.5] * Hq + [1.0] * Hkv, device=dev)[:, None]        # q pre-scaled, k not
         x = self.embed[ids]                                                               # [Np, H]
