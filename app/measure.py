@@ -143,6 +143,16 @@ def measure(key: str, params: dict, names: list[str], s: Settings, total: Callab
     collect(res, points(tgt, specs, live), live, figure)
 
 
+def section(key: str, params: dict, hint: str) -> Result | None:
+    """A page section's stored result with its status, or the hint when there is none; None without rows."""
+    res = stored(key)
+    if res is None:
+        st.info(hint, icon=":material/info:")
+        return None
+    show_status(res, params)
+    return res if res.rows else None
+
+
 def results(key: str, params: dict, clicked: bool, run: Callable[[], None], hint: str) -> Result:
     """Run on a click (else warm the model), then the stored result with its status; stops the page if empty."""
     if clicked:

@@ -125,36 +125,35 @@ if g_clicked:
 elif (problem := runs.warm()) is not None:
     st.error(problem, icon=":material/error:")
 
-res = measure.stored(KEY_G)
-if res is None:
-    st.info("Press **Run the greedy check**.", icon=":material/info:")
-else:
-    measure.show_status(res, g_params)
-    if res.rows:
-        st.plotly_chart(greedy_figure(res.rows), key="ct_greedy_chart", width="stretch")
-        df = pd.DataFrame(res.rows)
-        same = int(df["Identical"].sum())
-        ties = df[df["p(plain token)"].notna()]
-        msg = f"**{same} of {len(df)}** decodings are token-for-token identical to plain decoding."
-        if len(ties):
-            gaps = (ties["p(plain token)"] - ties["p(spec token)"]).abs()
-            dtype = str(runs.target().dtype).replace("torch.", "")
-            if gaps.max() < NEAR_TIE:
-                msg += (f" Where they differ, the two competing tokens had target probabilities within "
-                        f"**{gaps.max():.3f}** of each other (largest gap): near-ties. The model runs in {dtype}; "
-                        "a pass over several tokens rounds differently from a pass over one, which can flip such "
-                        "a tie, and from there the texts go their own ways. The acceptance rule itself is exact.")
-            else:
-                msg += (f" Where they differ, the two competing tokens' target probabilities are up to "
-                        f"**{gaps.max():.3f}** apart: more than rounding in {dtype} should flip. Look at the "
-                        "rows below; this may be a bug between the rule and the text.")
-        (st.success if same == len(df) else st.warning)(msg)
-        tgt = runs.target()
-        for r in res.rows:
-            if not r["Identical"]:
-                with st.expander(f"{r['Prompt']} · {r['Drafter']}: differs from token {r['First difference at token']}"):
-                    st.html(diff_html(tgt, r["plain"], r["spec"], r["First difference at token"]))
-        measure.table(df.drop(columns=["plain", "spec"]).round(4), "contract-greedy")
+res = measure.section(KEY_G, g_params, "Press **Run the greedy check**.")
+if res is not None:
+    st.plotly_chart(greedy_figure(res.rows), key="ct_greedy_chart", width="stretch")
+    df = pd.DataFrame(res.rows)
+    same = int(df["Identical"].sum())
+    ties = df[df["p(plain token)"].notna()]
+    msg = f"**{same} of {len(df)}** decodings are token-for-token identical to plain decoding."
+    if len(ties):
+        gaps = (ties["p(plain token)"] - ties["p(spec token)"]).abs()
+        dtype = str(runs.target().dtype).replace("torch.", "")
+        if runs.forward_choice() == "ours":
+            msg += (" This app's forward scores a position bit for bit the same in a one-token and a many-token "
+                    "pass (section 2), so no rounding can explain a difference: it is a bug worth reporting.")
+        elif gaps.max() < NEAR_TIE:
+            msg += (f" Where they differ, the two competing tokens had target probabilities within "
+                    f"**{gaps.max():.3f}** of each other (largest gap): near-ties. The model runs in {dtype}; "
+                    "a pass over several tokens rounds differently from a pass over one, which can flip such "
+                    "a tie, and from there the texts go their own ways. The acceptance rule itself is exact.")
+        else:
+            msg += (f" Where they differ, the two competing tokens' target probabilities are up to "
+                    f"**{gaps.max():.3f}** apart: more than rounding in {dtype} should flip. Look at the "
+                    "rows below; this may be a bug between the rule and the text.")
+    (st.success if same == len(df) else st.warning)(msg)
+    tgt = runs.target()
+    for r in res.rows:
+        if not r["Identical"]:
+            with st.expander(f"{r['Prompt']} · {r['Drafter']}: differs from token {r['First difference at token']}"):
+                st.html(diff_html(tgt, r["plain"], r["spec"], r["First difference at token"]))
+    measure.table(df.drop(columns=["plain", "spec"]).round(4), "contract-greedy")
 
 # -- 2. the forward ---------------------------------------------------------------------------------------------
 st.header("2 · Why bit for bit: a batch-invariant forward")
@@ -199,26 +198,22 @@ if f_clicked:
     except runs.UserError as e:
         res.status, res.error = "failed", str(e)
 
-res = measure.stored(KEY_F)
-if res is None:
-    st.info("Press **Compare the two forwards**.", icon=":material/info:")
-else:
-    measure.show_status(res, f_params)
-    if res.rows:
-        df = pd.DataFrame(res.rows)
-        for name in runs.FORWARDS.values():
-            part = df[df["Forward"] == name]
-            if len(part):
-                same = int(part["Identical"].sum())
-                diff = part["1-token vs (k+1)-token logit difference"].dropna()
-                said = (f"**{name}**: {same} of {len(part)} prompts token-for-token identical"
-                        + (f"; one-token and (k + 1)-token scoring of the probed positions differ by up to "
-                           f"**{diff.max():.4g}** in a logit" if len(diff) else "") + ".")
-                (st.success if same == len(part) else st.warning)(said)
-        measure.table(df.round(4), "contract-forwards")
-        st.caption("Ours costs a little padding and bookkeeping per step (see `python -m specdec_core "
-                   "bench-forward`); engines' batch-invariant modes are slower than their default kernels too, "
-                   "which is why they are a switch rather than the default everywhere.")
+res = measure.section(KEY_F, f_params, "Press **Compare the two forwards**.")
+if res is not None:
+    df = pd.DataFrame(res.rows)
+    for name in runs.FORWARDS.values():
+        part = df[df["Forward"] == name]
+        if len(part):
+            same = int(part["Identical"].sum())
+            diff = part["1-token vs (k+1)-token logit difference"].dropna()
+            said = (f"**{name}**: {same} of {len(part)} prompts token-for-token identical"
+                    + (f"; one-token and (k + 1)-token scoring of the probed positions differ by up to "
+                       f"**{diff.max():.4g}** in a logit" if len(diff) else "") + ".")
+            (st.success if same == len(part) else st.warning)(said)
+    measure.table(df.round(4), "contract-forwards")
+    st.caption("Ours costs a little padding and bookkeeping per step (see `python -m specdec_core "
+               "bench-forward`); engines' batch-invariant modes are slower than their default kernels too, "
+               "which is why they are a switch rather than the default everywhere.")
 
 # -- 3. sampled -------------------------------------------------------------------------------------------------
 st.header("3 · Sampling: the same distribution, on and off")
