@@ -101,11 +101,40 @@ def _sp(args) -> SamplingParams:
     return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
 
 
-def cmd_generate(args) -> int:
-    prompt = args.prompt if args.prompt is not None else open(args.prompt_file).read()
-    if not prompt.strip():
+def _read_prompt(args) -> str:
+    """--prompt or --prompt-file as text, refused with a clear line when it cannot be a prompt."""
+    if args.prompt is not None:
+        text = args.prompt
+    else:
+        from pathlib import Path
+        path = Path(args.prompt_file)
+        if path.is_dir():
+            raise InputError(f"--prompt-file {args.prompt_file!r} is a directory, not a text file")
+        if not path.exists():
+            raise InputError(f"--prompt-file {args.prompt_file!r} does not exist")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"--prompt-file {args.prompt_file!r} is not UTF-8 text (byte {e.start})") from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:   # bytes that were not UTF-8 in the command line arrive as lone surrogates
+        raise InputError("the prompt is not valid UTF-8: check the terminal's encoding") from None
+    if not text.strip():
         raise InputError("the prompt is empty: give some text with --prompt or --prompt-file")
-    sp = _sp(args)
+    return text
+
+
+def _check_early(args) -> SamplingParams:
+    """Everything that can be checked without a model, checked before the ~15 s load."""
+    from .engine import check_run_args
+    check_run_args(0 if args.k is None else args.k, args.max_new_tokens)
+    return _sp(args)
+
+
+def cmd_generate(args) -> int:
+    prompt = _read_prompt(args)
+    sp = _check_early(args)
     target, draft_lm = _models(args)
     drafter = make(args.drafter, target, draft_lm)
     ids = target.encode(prompt, raw=args.raw)
@@ -148,7 +177,7 @@ def cmd_bench(args) -> int:
     from tqdm import tqdm
     from .workloads import load_jsonl
     rows_in = [r for f in args.prompts for r in load_jsonl(f)]
-    sp = _sp(args)
+    sp = _check_early(args)
     for d in args.drafter:
         if d not in NAMES:
             raise DrafterUnavailable(f"unknown drafter {d!r}; choose from {', '.join(NAMES)}")

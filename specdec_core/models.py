@@ -215,6 +215,9 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> 
         raise ModelError(f"unknown dtype {dtype!r}; use one of auto, bf16, fp32, fp16")
     if table[dtype] == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ModelError("this GPU has no bf16 support: use --dtype fp16 or fp32")
+    if table[dtype] == torch.bfloat16 and device.type == "cpu" and not cpu_has_bf16():
+        print("note: this CPU has no native bf16 (avx512_bf16 or amx): bf16 runs emulated, slower than fp32",
+              file=sys.stderr)
     return table[dtype]
 
 

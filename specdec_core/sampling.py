@@ -11,6 +11,7 @@ from dataclasses import dataclass, asdict
 import torch
 
 MAX_TEMPERATURE = 5.0
+MIN_TEMPERATURE = 0.01   # below this, logits / T overflow float32 into NaN; 0 itself is greedy
 
 
 class InputError(ValueError):
@@ -27,6 +28,8 @@ class SamplingParams:
     def __post_init__(self):
         if not (0.0 <= self.temperature <= MAX_TEMPERATURE):
             raise InputError(f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise InputError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature:g}")
         if not (0.0 < self.top_p <= 1.0):
             raise InputError(f"top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
