@@ -200,3 +200,11 @@ def test_prompt_set_is_varied_and_disjoint_from_benchmarks():
     low = [p.lower() for p in distill.PROMPTS]
     for word in ("python", "json", "extract", "write a short", "describe", "what"):
         assert sum(word in p for p in low) >= 5, word
+
+
+def test_the_shipped_draft_loads_once_per_target(bundled):
+    """A batch builds one drafter per row: they share one draft LM (weights only) and keep their own caches."""
+    a, b = make("draft", bundled), make("draft", bundled)
+    assert a.lm is b.lm and a is not b
+    a.begin([1, 2]), b.begin([1, 2])
+    assert a.cache is not b.cache

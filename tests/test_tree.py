@@ -403,3 +403,20 @@ def test_shipped_weights_reproduce_manifest_acceptance(bundled):
         _, recs, m = run(lm, d, lm.encode(row["prompt"]), k=acc["k"], max_new_tokens=acc["max_new_tokens"],
                          detail=False)
         assert abs(m.mean_acceptance_length - row["mean_acceptance_length"]) <= 0.1, (row, m.mean_acceptance_length)
+
+
+def test_medusa_prunes_its_tree_once_per_k(monkeypatch):
+    from specdec_core.drafters import DraftContext
+    from specdec_core.sampling import SamplingParams
+    from specdec_core.tree import Tree
+    from tiny import tiny_lm
+    calls = []
+    orig = Tree.pruned
+    monkeypatch.setattr(Tree, "pruned", lambda self, d: calls.append(d) or orig(self, d))
+    target = tiny_lm(0)
+    m = Medusa(target, heads=Heads(32, 4), manifest={})
+    m.prefilled(torch.zeros(32), [1, 2, 3])
+    for _ in range(3):
+        m.h_len = 3
+        m.propose(DraftContext([1, 2, 3, 4], 3, 2, SamplingParams(), None))
+    assert calls == [2]

@@ -69,9 +69,9 @@ def make(name: str, target, draft_lm=None, **kw) -> Drafter:
         return PromptLookup(**kw)
     if name == "draft":
         if draft_lm is None:
-            from .distilled import available, load_draft
+            from .distilled import available, shipped_draft
             if available(target):  # the bundled target ships its own distilled draft
-                return DraftModel(load_draft(target), target)
+                return DraftModel(shipped_draft(target), target)
             raise DrafterUnavailable("drafter 'draft' needs a draft model: pass --draft-model SPEC "
                                      "(a hub id or local directory with the target's vocabulary); "
                                      "no trained draft ships for this target yet")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import weakref
 from pathlib import Path
 
 import torch
@@ -86,6 +87,19 @@ def save(m, folder: Path, vocab: DraftVocab | None, meta: dict) -> Path:
 def available(target: LM, folder: Path | None = None) -> bool:
     folder = Path(folder or WEIGHTS)
     return target.name == BUNDLED_NAME and (folder / "draft.safetensors").exists()
+
+
+_LOADED: dict[tuple[int, str], tuple] = {}
+
+
+def shipped_draft(target: LM) -> LM:
+    """The shipped draft for `target`, loaded once per target and forward (a batch builds one drafter per
+    row; the LM holds weights only, each DraftModel its own cache)."""
+    key = (id(target.model), target.forward_name)
+    hit = _LOADED.get(key)
+    if hit is None or hit[0]() is not target.model:
+        hit = _LOADED[key] = (weakref.ref(target.model), load_draft(target))
+    return hit[1]
 
 
 def load_draft(target: LM, folder: Path | None = None) -> LM:

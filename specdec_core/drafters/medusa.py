@@ -139,7 +139,9 @@ class Medusa:
         # the root (pending token) must be the one drawn from self.h: exactly one token after it
         if self.h is None or len(ctx.tokens) != self.h_len + 1 or ctx.k < 1:
             return Proposal(torch.empty(0, dtype=torch.long))
-        tree = self._cut.setdefault(ctx.k, self.tree.pruned(ctx.k)) if ctx.k < self.tree.max_depth else self.tree
+        if ctx.k < self.tree.max_depth and ctx.k not in self._cut:   # prune once per k, not every step
+            self._cut[ctx.k] = self.tree.pruned(ctx.k)
+        tree = self._cut[ctx.k] if ctx.k < self.tree.max_depth else self.tree
         with torch.inference_mode():
             top = ranked(self.heads, self.head_w, self.h[None], max(tree.width))[:tree.max_depth, 0].cpu()  # [D, W]
         nodes = tree.tokens(ctx.tokens[-1], top)
