@@ -8,14 +8,14 @@ slots after its committed ones, at their own positions, and what it keeps is its
 path is compacted into place). No padding enters any row's attention, and the forward is batch-invariant, so
 every row's logits are bitwise those it would get decoded alone.
 
-With transformers' forward ragged acceptance is handled with *holes* instead of re-packing: each step appends the same number of slots L to every row (as many
-as the longest row's pending token + draft), and a per-row validity mask marks the slots that hold committed
-tokens. Rejected drafts and padding stay in the cache but are masked out of every later query, and each row
+With transformers' forward ragged acceptance is handled with *holes* instead of re-packing: each step appends
+the same number of slots L to every row (as many as the longest row's pending token + draft), and a per-row
+validity mask marks the slots that hold committed tokens. Rejected drafts and padding stay in the cache but are masked out of every later query, and each row
 carries its own position ids, so every sequence sees exactly its own tokens at their own positions: at
 temperature 0 its output is what it would be decoded alone. Slots that are invalid in every row at the tail are
 cropped after each step.
 
-Candidate trees (medusa) fit the same scheme. A row's tree takes T slots, the pending token (the root) first and
+Candidate trees (medusa) fit that scheme too. A row's tree takes T slots, the pending token (the root) first and
 the nodes in tree order. Among the new slots a node sees only itself and its ancestors (tree.mask; a chain slot
 sees the slots before it), at position (row position + depth). After verify_tree picks a path, the root and the
 path's nodes become valid and every other node is a hole. Each path node was computed at the position it would

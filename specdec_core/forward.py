@@ -110,8 +110,9 @@ def block_of(layer, pack: bool = True) -> Block:
     if bgu is not None or m.down_proj.bias is not None:
         raise Unsupported("MLP biases (mlp_bias) are not covered")
     bo = None if a.o_proj.bias is None else a.o_proj.bias.detach()
-    return Block(layer.input_layernorm.weight.detach(), Dense(wqkv, bqkv, pack), Dense(a.o_proj.weight.detach(), bo, pack),
-                 layer.post_attention_layernorm.weight.detach(), Dense(wgu, None, pack),
+    return Block(layer.input_layernorm.weight.detach(), Dense(wqkv, bqkv, pack),
+                 Dense(a.o_proj.weight.detach(), bo, pack), layer.post_attention_layernorm.weight.detach(),
+                 Dense(wgu, None, pack),
                  Dense(m.down_proj.weight.detach(), None, pack))
 
 
@@ -208,10 +209,10 @@ class Forward:
         cfg = model.config
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         head = model.get_output_embeddings().weight.detach() if head is None else head
-        return cls(inner.get_input_embeddings().weight.detach(), [block_of(l, pack) for l in inner.layers],
-                   inner.norm.weight.detach(), Dense(head, None, pack), vocab, cfg.num_attention_heads, cfg.num_key_value_heads, hd, cfg.rms_norm_eps,
-                   rot.inv_freq.to(inner.get_input_embeddings().weight.device),
-                   getattr(rot, "attention_scaling", 1.0))
+        emb = inner.get_input_embeddings().weight.detach()
+        return cls(emb, [block_of(l, pack) for l in inner.layers], inner.norm.weight.detach(), Dense(head, None, pack),
+                   vocab, cfg.num_attention_heads, cfg.num_key_value_heads, hd, cfg.rms_norm_eps,
+                   rot.inv_freq.to(emb.device), getattr(rot, "attention_scaling", 1.0))
 
     def derive(self, blocks: list[Block], norm: torch.Tensor | None, head: Dense, vocab=None) -> "Forward":
         """Another network over this one's embedding and rotary table: an early exit's shared trunk and exit."""
@@ -276,7 +277,9 @@ class Forward:
             if len(rs) == 1 and qs[0] == list(range(qs[0][0], qs[0][0] + n)):
                 span = (rs[0], qs[0][0], n)
             real = torch.tensor([j < len(q) for q in qs for j in range(n)], device=dev)
-            groups.append(("chain", S, torch.tensor(rs, device=dev), idx, real, see, span))
+            # consecutive rows (usually the whole batch) are a view of the cache, not a gathered copy
+            sel = slice(rs[0], rs[-1] + 1) if rs == list(range(rs[0], rs[-1] + 1)) else torch.tensor(rs, device=dev)
+            groups.append(("chain", S, sel, idx, real, see, span))
         for (r, S), qs in trees.items():
             gather = torch.zeros(len(qs), S, dtype=torch.long)
             for j, i in enumerate(qs):
@@ -295,7 +298,7 @@ class Forward:
         Hkv, G = self.n_kv, Hq // self.n_kv
         kc, vc = cache.k[l], cache.v[l]
         out = None if whole and n_real == N else q.new_zeros(N, Hq, D)
-        for kind, S, r, idx, real, see, span in groups:
+        for kind, S, r, idx, aux, see, span in groups:   # aux: chains' real-query mask, trees' gather
             if kind == "chain" and span is not None:
                 row, a, n = span
                 k, v = kc[row, :, :S].float(), vc[row, :, :S].float()                        # [Hkv, S, D]
@@ -311,10 +314,10 @@ class Forward:
                 x = q[idx].view(R, n, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(R, Hkv, G * n, D)
                 o = _attention(x, k, v, see)                                                 # [R, Hkv, G n, D]
                 o = o.view(R, Hkv, G, n, D).permute(0, 3, 1, 2, 4).reshape(R * n, Hq, D)
-                out[idx.view(-1)[real]] = o[real]
+                out[idx.view(-1)[aux]] = o[aux]
             else:
                 n = idx.numel()
-                k, v = kc[r][:, real].float(), vc[r][:, real].float()                       # [Hkv, n, S, D]
+                k, v = kc[r][:, aux].float(), vc[r][:, aux].float()                         # [Hkv, n, S, D]
                 x = q[idx].view(n, Hkv, G, D).transpose(0, 1)                                # [Hkv, n, G, D]
                 o = _attention(x, k, v, see)                                                 # [Hkv, n, G, D]
                 out[idx] = o.transpose(0, 1).reshape(n, Hq, D)

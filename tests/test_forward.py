@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
     Qwen2ForCausalLM
 
-from specdec_core import InputError, load, make_drafter, run
+from specdec_core import InputError, make_drafter, run
 from specdec_core.batch import run_batch
 from specdec_core.forward import Forward, Unsupported
 from specdec_core.models import LM, attach_forward, pick_dtype
