@@ -10,8 +10,8 @@ every row's logits are bitwise those it would get decoded alone.
 
 With transformers' forward ragged acceptance is handled with *holes* instead of re-packing: each step appends
 the same number of slots L to every row (as many as the longest row's pending token + draft), and a per-row
-validity mask marks the slots that hold committed tokens. Rejected drafts and padding stay in the cache but are masked out of every later query, and each row
-carries its own position ids, so every sequence sees exactly its own tokens at their own positions: at
+validity mask marks the slots that hold committed tokens. Rejected drafts and padding stay in the cache but are
+masked out of every later query, and each row carries its own position ids, so every sequence sees exactly its own tokens at their own positions: at
 temperature 0 its output is what it would be decoded alone. Slots that are invalid in every row at the tail are
 cropped after each step.
 
@@ -20,30 +20,28 @@ the nodes in tree order. Among the new slots a node sees only itself and its anc
 sees the slots before it), at position (row position + depth). After verify_tree picks a path, the root and the
 path's nodes become valid and every other node is a hole. Each path node was computed at the position it would
 have alone, seeing exactly the committed context and its ancestors, so it is the entry decoding alone would keep,
-wherever it sits: no compaction (tree_step.py's) is needed, and the next step continues from the row's committed
+wherever it sits: no compaction (models.keep's, alone) is needed, and the next step continues from the row's committed
 length. The price is cache width: a tree step leaves up to T - 1 holes per row. A drafter that reads the target's
-hidden state (it has `prefill`, as medusa does) gets, per row, the final-norm hidden state of the newest token
-the target has run for that row: from the batched prefill through `prefilled`, and after each tree step (the last
-accepted node, or the root) through `observe`, as tree_step.py hands it over alone.
+hidden state (`reads_hidden`, as medusa does) gets, per row, the final-norm hidden state of the newest token the
+target has run for that row, after the batched prefill and after every step, as engine.py hands it over alone.
 
 This is the padding-and-masking approach of batched assisted decoding (cf. Qian et al., "BASS: Batched
 Attention-optimized Speculative Sampling", 2024), kept simple for teaching.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
-from .drafters import DraftContext, Drafter
-from .engine import _pad, check_context, check_run_args
-from .models import LM, _cache_kw
-from .sampling import InputError, SamplingParams, probs
-from .tree_step import chain_view
-from .verify import one_hot, verify_chain
-from .verify_tree import verify_tree
+from . import chain_step, tree_step
+from .drafters import DraftContext, Drafter, Proposal
+from .engine import check_context, check_run_args, until_eos
+from .models import LM, cache_kw, keep
+from .sampling import InputError, SamplingParams
 
 
 @dataclass
@@ -80,9 +78,9 @@ def _mask(valid: torch.Tensor, attend: torch.Tensor, dtype: torch.dtype) -> torc
     return m.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
-def _chain(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position offsets [n] and who-sees-whom [n, n] of n new slots in a chain (causal)."""
-    return torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()
+def chain_mask(n: int) -> torch.Tensor:
+    """Who sees whom [n, n] among n slots in a chain (causal)."""
+    return torch.ones(n, n, dtype=torch.bool).tril()
 
 
 class _Holes:
@@ -98,27 +96,27 @@ class _Holes:
         kw = dict(attention_mask=_mask(valid, attend, t.dtype), position_ids=position_ids.to(dev), use_cache=True)
         with torch.inference_mode():
             if not self.hidden:
-                out = t.model(ids.to(dev), logits_to_keep=int(last_only), **kw, **{t._cache_kw: self.cache})
+                out = t.model(ids.to(dev), logits_to_keep=int(last_only), **kw, **{t.cache_arg: self.cache})
                 return out.logits.float(), None
             dec = t.model.get_decoder()
-            h = dec(input_ids=ids.to(dev), **kw, **{_cache_kw(dec): self.cache}).last_hidden_state
+            h = dec(input_ids=ids.to(dev), **kw, **{cache_kw(dec): self.cache}).last_hidden_state
             return t.model.get_output_embeddings()(h[:, -1:] if last_only else h).float(), h
 
     def prefill(self, rows: list[list[int]]):
-        """Left-padded so every prompt ends in the last slot -> (logits [B, V], hidden [B, H] or None)."""
+        """Left-padded so every prompt ends in the last slot -> hidden [B, H] of each row's last token or None."""
         dev, B, P = self.t.device, self.B, max(len(r) for r in rows)
         ids = torch.zeros(B, P, dtype=torch.long)
         pvalid = torch.zeros(B, P, dtype=torch.bool)
         for i, r in enumerate(rows):
-            ids[i, P - len(r):] = torch.tensor(r)
+            ids[i, P - len(r):] = torch.tensor(r, dtype=torch.long)
             pvalid[i, P - len(r):] = True
         pvalid = pvalid.to(dev)
+        self.valid, self.pos = pvalid, pvalid.long().sum(1)                     # [B, S], [B] next position
+        if not P:
+            return None
         ppos = (pvalid.long().cumsum(1) - 1).clamp(min=0)
-        logits, h = self._forward(ids, _chain(P)[1].to(dev)[None] & pvalid[:, None, :], ppos, pvalid[:, :0], True)
-        self.valid = pvalid
-        self.keep = torch.zeros(B, 0, dtype=torch.bool)
-        self.pos = pvalid.long().sum(1)                                         # [B] next position per row
-        return logits[:, -1], None if h is None else h[:, -1]
+        _, h = self._forward(ids, chain_mask(P).to(dev)[None] & pvalid[:, None, :], ppos, pvalid[:, :0], True)
+        return None if h is None else h[:, -1]
 
     def step(self, new):
         """new: per row (ids, position offsets, who-sees-whom) -> per row (logits [n, V], hidden [n, H])."""
@@ -165,15 +163,17 @@ class _Rows:
                         None if out_rows is None else torch.tensor(out_rows), hidden=True)
 
     def prefill(self, rows: list[list[int]]):
+        """Each row at its own positions from slot 0 -> hidden [B, H] of each row's last token or None."""
         flat = [t for r in rows for t in r]
-        owner = [i for i, r in enumerate(rows) for _ in r]
-        pos = [j for r in rows for j in range(len(r))]
-        last = torch.tensor([len(r) for r in rows]).cumsum(0) - 1
-        logits, h = self._run(flat, owner, pos, out_rows=last.tolist())
         for i, r in enumerate(rows):
             self.cache.set_length(i, len(r))
-        self.base = list(self.cache.lens)
-        return logits, h[last] if self.hidden else None
+        if not flat:
+            return None
+        owner = [i for i, r in enumerate(rows) for _ in r]
+        pos = [j for r in rows for j in range(len(r))]
+        last = (torch.tensor([len(r) for r in rows]).cumsum(0) - 1).clamp(min=0)   # rows with no token: unused
+        _, h = self._run(flat, owner, pos, out_rows=last.tolist())
+        return h[last] if self.hidden else None
 
     def step(self, new):
         ids, owner, pos, slots, anc, spans = [], [], [], [], [], []
@@ -184,17 +184,14 @@ class _Rows:
             owner += [i] * n
             pos += (base + o).tolist()
             slots += range(base, base + n)
-            chain = bool(torch.equal(a, _chain(n)[1]))
+            chain = bool(torch.equal(a, chain_mask(n)))
             anc += [None if chain else [base + c for c in range(n) if a[j, c]] for j in range(n)]
         logits, h = self._run(ids, owner, pos, slots, anc if any(x is not None for x in anc) else None)
         self.base = list(self.cache.lens)
         return [(logits[a:a + n], h[a:a + n]) for a, n in spans]
 
     def commit(self, i: int, kept: list[int]) -> None:
-        if kept == list(range(len(kept))):
-            self.cache.set_length(i, self.base[i] + len(kept))
-        else:
-            self.cache.compact(i, self.base[i], torch.tensor(kept))
+        keep(self.cache, self.base[i], kept, row=i)
 
     def end_step(self) -> None:
         pass
@@ -206,7 +203,9 @@ class _Rows:
 def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[list[int]] | list[torch.Tensor],
                  sp: SamplingParams | None = None, k: int | None = None, max_new_tokens: int = 64,
                  stop_at_eos: bool = True) -> Iterator[BatchStep]:
-    """Decode every prompt; one drafter per row (drafters may keep per-sequence state). Yields BatchStep."""
+    """Decode every prompt; one drafter per row (drafters may keep per-sequence state). Yields BatchStep.
+
+    The steps are engine.py's, row by row, around one forward over the ragged batch."""
     sp = sp or SamplingParams()
     drafters = [make_drafter() for _ in prompts]
     k = drafters[0].default_k if k is None else k
@@ -216,99 +215,59 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
         raise InputError("every prompt in a batch must hold at least one token")
     for r in rows:
         check_context(target, len(r), max_new_tokens, k)
-    B, dev = len(rows), target.device
+    B = len(rows)
     eos = target.eos_ids if stop_at_eos else set()
-    gen = torch.Generator(device=dev).manual_seed(sp.seed)
-    hidden = hasattr(drafters[0], "prefill")   # the drafter reads the target's hidden state (medusa)
+    gen = torch.Generator(device=target.device).manual_seed(sp.seed)
+    hidden = drafters[0].reads_hidden
     kv = (_Rows if target.fwd is not None else _Holes)(target, B, hidden)
 
     t0 = time.perf_counter()
-    # 0. prefill
-    head, h = kv.prefill(rows)                                             # [B, V], [B, H]
-    tokens = [list(r) for r in rows]
-    gen_ids: list[list[int]] = [[] for _ in rows]
-    active = [True] * B
-    pending: list[int | None] = [None] * B
-    for i, (d, r) in enumerate(zip(drafters, rows)):
-        if hidden:
-            d.prefilled(h[i], r)
+    # 0. prefill: each prompt but its last token, which is pending (engine.prefill)
+    for d, r in zip(drafters, rows):
         d.begin(list(r))
-    fwd, step = 1, 0
-    while any(active):
+    h = kv.prefill([r[:-1] for r in rows])                                 # [B, H] or None
+    for i, r in enumerate(rows):
+        if hidden and len(r) > 1:
+            drafters[i].observe(h[i], len(r) - 1)
+    tokens = [list(r) for r in rows]
+    n_gen, active, fwd = [0] * B, [True] * B, 0
+    for index in itertools.count():
+        live = [i for i in range(B) if active[i]]
         # 1. propose, per row
-        drafts, ctxs, trees = [], [], []
-        for i in range(B):
-            room = max_new_tokens - len(gen_ids[i])
-            ctx = DraftContext(tokens[i], len(rows[i]), min(k, room - 1), sp, gen)
-            prop = drafters[i].propose(ctx) if active[i] and ctx.k > 0 else None
-            drafts.append(prop)
-            ctxs.append(ctx)
-            has_tree = prop is not None and prop.tree is not None and pending[i] is not None
-            trees.append(prop.tree if has_tree else None)
-        # each row's new slots: ids, position offsets and who sees whom among them
-        new = []
-        for i in range(B):
-            if not active[i]:
-                new.append(([],) + _chain(0))
-            elif trees[i] is not None:          # root (the pending token) and nodes, in tree order
-                new.append(([pending[i]] + drafts[i].tokens.tolist(), trees[i].depth, trees[i].mask))
-            else:
-                d = drafts[i].tokens[:ctxs[i].k].tolist() if drafts[i] is not None else []
-                s = ([] if pending[i] is None else [pending[i]]) + d
-                new.append((s,) + _chain(len(s)))
-        # 2. score: one forward over the ragged batch
-        L = max(len(s) for s, _, _ in new)
-        out = kv.step(new) if L else None
-        fwd += bool(L)
+        ctxs, props, steps, new = {}, {}, {}, []
+        for i in live:
+            ctxs[i] = ctx = DraftContext(tokens[i], len(rows[i]), min(k, max_new_tokens - n_gen[i] - 1), sp, gen)
+            props[i] = drafters[i].propose(ctx) if ctx.k > 0 else Proposal.empty()
+            steps[i] = tree_step if props[i].tree is not None else chain_step
+        # 2. score: one forward over the ragged batch; per row, the new slots' ids, offsets and who sees whom
+        new = [steps[i].slots(tokens[i][-1], props[i], ctxs[i].k) if active[i] else ([], torch.arange(0),
+                                                                                       chain_mask(0))
+               for i in range(B)]
+        out = kv.step(new)
+        fwd += 1
         # 3. verify and 4. commit, per row
-        n_drafted, n_acc, committed = [0] * B, [0] * B, [[] for _ in range(B)]
-        was_active = sum(active)
-        for i in range(B):
-            if not active[i]:
-                continue
-            prop, first, n = drafts[i], pending[i] is None, len(new[i][0])
-            if trees[i] is not None:
-                nodes = torch.tensor(new[i][0], device=dev)
-                tv = verify_tree(probs(out[i][0], sp), nodes, trees[i], gen)
-                accepted, token, kept = nodes[tv.path].tolist(), tv.token, [0] + tv.path
-                m = len(chain_view(trees[i], tv))
-                drafters[i].observe(out[i][1][kept[-1]], len(tv.path))   # the hidden state of the newest committed
-            else:
-                draft = prop.tokens[:ctxs[i].k].to(dev) if prop is not None else torch.empty(0, dtype=torch.long,
-                                                                                                  device=dev)
-                m = draft.numel()
-                rl = head[i:i + 1] if first else head[i, :0]
-                if n:
-                    rl = torch.cat([rl, out[i][0]])                            # [m+1, V]
-                V = rl.shape[-1] if prop is None or prop.q is None else max(rl.shape[-1], prop.q.shape[-1])
-                p = _pad(probs(rl, sp), V)
-                q = _pad(prop.q[:m].to(dev), V) if m and prop.q is not None else one_hot(draft, V)
-                v = verify_chain(p, q, draft, gen)
-                accepted, token = draft[:v.n_accepted].tolist(), v.token
-                # the pending token (if any) and the accepted drafts are now committed cache entries
-                kept = list(range((0 if first else 1) + v.n_accepted))
-            new_ids = accepted + [token]
-            for j, t in enumerate(new_ids):
-                if t in eos:
-                    new_ids = new_ids[:j + 1]
-                    active[i] = False
-                    break
-            tokens[i] += new_ids
-            gen_ids[i] += new_ids
-            if len(gen_ids[i]) >= max_new_tokens:
-                active[i] = False
+        drafted, accepted, committed = [0] * B, [0] * B, [[] for _ in range(B)]
+        for i in live:
+            logits, hs = out[i]
+            c = steps[i].verify(logits, new[i][0], props[i], sp, gen)
+            ids, stop = until_eos(c.draft[:c.v.n_accepted].tolist() + [c.v.token], eos)
+            kept = c.kept[:len(ids)]
             kv.commit(i, kept)
-            pending[i] = new_ids[-1]
-            n_drafted[i], n_acc[i], committed[i] = m, len(accepted), new_ids
+            tokens[i] += ids
+            n_gen[i] += len(ids)
+            active[i] = not stop and n_gen[i] < max_new_tokens
+            drafted[i], accepted[i], committed[i] = c.draft.numel(), c.v.n_accepted, ids
             # 5. feedback
-            if m:
-                drafters[i].feedback(ctxs[i], len(accepted))
-        if L:
-            kv.end_step()
+            if hidden:
+                drafters[i].observe(hs[kept[-1]], len(tokens[i]) - 1)
+            if drafted[i]:
+                drafters[i].feedback(ctxs[i], c.v.n_accepted)
+        kv.end_step()
         width, cached = kv.slots()
-        yield BatchStep(step, n_drafted, n_acc, committed, was_active, time.perf_counter() - t0, fwd,
+        yield BatchStep(index, drafted, accepted, committed, len(live), time.perf_counter() - t0, fwd,
                         width, cached, done=not any(active))
-        step += 1
+        if not any(active):
+            return
 
 
 def run_batch(target: LM, make_drafter, prompts, **kw) -> BatchResult:

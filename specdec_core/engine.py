@@ -1,28 +1,31 @@
 """The speculative decode loop (Leviathan et al. 2023, Alg. 1), batch size 1. Yields one StepRecord per step.
 
-Each step has the phases the app animates:
-  1. propose  - the drafter proposes up to k tokens after the committed context (with q, or one-hot)
-  2. score    - one target forward over [pending token] + draft gives p at every drafted position, plus one
-  3. verify   - the exact rejection rule (verify.py) keeps a prefix and draws one more token
-  4. commit   - accepted tokens and the drawn one are committed; the target cache is cropped so it holds
-                exactly the committed tokens (the newest is the next step's input), never a rejected one
-  5. feedback - the drafter hears how many of its tokens survived
+The prefill runs the prompt but its last token, which is pending: committed, not yet run through the target.
+Each step then has the phases the app animates:
+  1. propose  - the drafter proposes up to k tokens after the committed context (with q, or one-hot), or a tree
+  2. score    - one target forward over the pending token and the drafts gives p before every drafted token,
+                plus one beyond (chain_step.py; tree_step.py for a tree)
+  3. verify   - the exact rejection rule (verify.py, verify_tree.py) keeps a prefix and draws one more token
+  4. commit   - accepted tokens and the drawn one are committed; the target cache keeps exactly the committed
+                tokens but the newest, which is pending for the next step, never a rejected one
+  5. feedback - the drafter hears how many of its tokens survived (and, if it reads them, the hidden state)
 Plain decoding is the same loop with a drafter that proposes nothing.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Iterator
 
 import torch
 
-from .drafters import DraftContext, Drafter
+from . import chain_step, tree_step
+from .chain_step import Checked
+from .drafters import DraftContext, Drafter, Proposal
 from .metrics import RunMetrics, summarize
-from .models import LM
+from .models import LM, keep
 from .records import Candidate, Committed, Position, StepRecord
-from .sampling import InputError, SamplingParams, probs
-from .tree_step import tree_step
-from .verify import one_hot, verify_chain
+from .sampling import InputError, SamplingParams
 
 MAX_K = 64
 MAX_NEW_TOKENS = 4096
@@ -45,9 +48,23 @@ def check_context(target: LM, prompt_len: int, max_new_tokens: int, k: int) -> N
                          "prompt or ask for fewer new tokens")
 
 
-def _pad(x: torch.Tensor, v: int) -> torch.Tensor:
-    """Zero-pad the vocab dim: a model whose head is padded beyond the tokenizer puts mass nowhere else."""
-    return x if x.shape[-1] == v else torch.nn.functional.pad(x, (0, v - x.shape[-1]))
+def prefill(target: LM, drafter: Drafter, prompt: list[int], cache) -> None:
+    """Run all of the prompt but its last token, which stays pending: every step then scores the pending
+    token and its drafts in one forward, the first step included. A drafter that reads the target's hidden
+    state gets the newest one."""
+    if len(prompt) < 2:
+        return
+    out = target.forward(torch.tensor(prompt[:-1]), cache, last_only=True, hidden=drafter.reads_hidden)
+    if drafter.reads_hidden:
+        drafter.observe(out[1][-1], len(prompt) - 1)
+
+
+def until_eos(new: list[int], eos: set[int]) -> tuple[list[int], str]:
+    """The committed tokens up to and including the first end-of-sequence one, and whether it came."""
+    for j, t in enumerate(new):
+        if t in eos:
+            return new[:j + 1], "eos"
+    return new, ""
 
 
 def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: SamplingParams | None = None,
@@ -61,103 +78,93 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
     if not prompt:
         raise InputError("the prompt is empty: it must hold at least one token")
     check_context(target, len(prompt), max_new_tokens, k)
-    tok, dev = target.tokenizer, target.device
     eos = target.eos_ids if stop_at_eos else set()
-    gen = torch.Generator(device=dev).manual_seed(sp.seed)
-
-    def piece(i: int) -> str:
-        return tok.decode([i]) if detail else ""
-
-    def top(dist: torch.Tensor) -> list[Candidate]:
-        if not detail:
-            return []
-        v, i = torch.topk(dist, min(TOP, dist.shape[-1]))
-        return [Candidate(int(a), piece(int(a)), float(b)) for a, b in zip(i.tolist(), v.tolist()) if b > 0]
+    gen = torch.Generator(device=target.device).manual_seed(sp.seed)
+    show = Show(target.tokenizer, detail)
 
     t0 = time.perf_counter()
     cache = target.new_cache()
-    prefill = getattr(drafter, "prefill", None)  # drafters that read the target's hidden state run it (medusa)
-    head = prefill(target, prompt, cache) if prefill else target.forward(torch.tensor(prompt), cache, last_only=True)
-    pending: int | None = None          # committed token not yet run through the target
-    tokens, generated = list(prompt), []
-    fwd_t, fwd_d, step = 1, 0, 0
     drafter.begin(list(prompt))
-    while True:
-        room = max_new_tokens - len(generated)
-        ctx = DraftContext(tokens, len(prompt), min(k, room - 1), sp, gen)
+    prefill(target, drafter, prompt, cache)
+    tokens, n_gen, fwd_t, fwd_d = list(prompt), 0, 0, 0
+    for index in itertools.count():
+        ctx = DraftContext(tokens, len(prompt), min(k, max_new_tokens - n_gen - 1), sp, gen)
+        t = [time.perf_counter()]
 
         # 1. propose
-        t1 = time.perf_counter()
-        prop = drafter.propose(ctx) if ctx.k > 0 else None
-        draft = prop.tokens[:ctx.k] if prop is not None else torch.empty(0, dtype=torch.long)
-        m = draft.numel()
-        fwd_d += prop.forwards if prop is not None else 0
+        prop = drafter.propose(ctx) if ctx.k > 0 else Proposal.empty()
+        fwd_d += prop.forwards
+        step = tree_step if prop.tree is not None else chain_step
+        t.append(time.perf_counter())
 
-        # 2. score: p for each drafted position and one beyond
-        t2 = time.perf_counter()
-        if m and prop.tree is not None and pending is not None:   # a candidate tree: tree_step.py
-            draft, p, q, v = tree_step(target, drafter, prop, cache, pending, sp, gen)  # score+verify+compact
-            m = draft.numel()
-            fwd_t += 1
-            t3 = time.perf_counter()
-        else:
-            if pending is None:   # first step: the prefill already gave the first position's logits
-                logits = torch.cat([head, target.forward(draft, cache)]) if m else head
-            else:
-                logits = target.forward(torch.tensor([pending] + draft.tolist()), cache)
-            fwd_t += int(pending is not None or m > 0)
-            V = logits.shape[-1] if prop is None or prop.q is None else max(logits.shape[-1], prop.q.shape[-1])
-            p = _pad(probs(logits, sp), V)                                               # [m+1, V]
+        # 2. score: the pending token and the drafts in one target forward
+        ids, _, _ = step.slots(tokens[-1], prop, ctx.k)
+        L = cache.get_seq_length()
+        logits, h = step.score(target, cache, ids, prop, drafter.reads_hidden)
+        fwd_t += 1
+        t.append(time.perf_counter())
 
-            # 3. verify
-            t3 = time.perf_counter()
-            draft = draft.to(dev)
-            q = _pad(prop.q[:m].to(dev), V) if m and prop.q is not None else one_hot(draft, V)  # [m, V]
-            v = verify_chain(p, q, draft, gen)
+        # 3. verify
+        c = step.verify(logits, ids, prop, sp, gen)
+        t.append(time.perf_counter())
 
-        # 4. commit / rollback
-        t4 = time.perf_counter()
-        new = draft[:v.n_accepted].tolist() + [v.token]
-        kinds = ["draft"] * v.n_accepted + ["target" if m == 0 else v.kind]
-        p_new = v.p_x[:v.n_accepted].tolist() + [float(v.final_dist[v.token])]
-        stop = ""
-        for j, t in enumerate(new):
-            if t in eos:
-                new, kinds, p_new, stop = new[:j + 1], kinds[:j + 1], p_new[:j + 1], "eos"
-                break
+        # 4. commit / rollback: the cache keeps the pending token and the accepted drafts, never a rejected one
+        new, stop = until_eos(c.draft[:c.v.n_accepted].tolist() + [c.v.token], eos)
+        kept = c.kept[:len(new)]
+        keep(cache, L, kept)
         tokens += new
-        generated += new
-        if m > v.n_accepted:              # drop rejected drafts; the new token stays pending
-            cache.crop(-(m - v.n_accepted))
-        if cache.get_seq_length() > len(tokens) - 1:   # eos among the accepted drafts: drop those after it
-            cache.crop(-(cache.get_seq_length() - (len(tokens) - 1)))
-        pending = new[-1]
-        if not stop and len(generated) >= max_new_tokens:
-            stop = "length"
+        n_gen += len(new)
+        stop = stop or ("length" if n_gen >= max_new_tokens else "")
 
         # 5. feedback
-        drafter.feedback(ctx, v.n_accepted) if m else None
-        t5 = time.perf_counter()
+        if drafter.reads_hidden:
+            drafter.observe(h[kept[-1]], len(tokens) - 1)
+        if c.draft.numel():
+            drafter.feedback(ctx, c.v.n_accepted)
+        t.append(time.perf_counter())
 
-        positions = []
-        for i in range(m):
-            verdict = "accepted" if i < v.n_accepted else "rejected" if i == v.n_accepted else "unchecked"
-            positions.append(Position(int(draft[i]), piece(int(draft[i])), float(v.p_x[i]), float(v.q_x[i]),
-                                      float(v.accept_prob[i]), float(v.u[i]), verdict,
-                                      top(p[i]), top(q[i]) if prop.q is not None else []))
-        yield StepRecord(
-            index=step, drafter=drafter.name, drafted=draft.tolist(), positions=positions,
-            n_accepted=v.n_accepted, final_token=v.token, final_piece=piece(v.token),
-            final_kind="target" if m == 0 else v.kind, final_top=top(v.final_dist),
-            committed=[Committed(t, piece(t), o, pp) for t, o, pp in zip(new, kinds, p_new)],
-            n_generated=len(generated), text=tok.decode(generated, skip_special_tokens=True) if detail else "",
-            cache_len=cache.get_seq_length(), target_forwards=fwd_t, draft_forwards=fwd_d,
-            t_draft=t2 - t1, t_score=t3 - t2, t_verify=t4 - t3, t_commit=t5 - t4,
-            elapsed=time.perf_counter() - t0, info=dict(prop.info) if prop is not None else {},
-            done=bool(stop), stop_reason=stop)
+        yield show.record(index, drafter.name, prop, c, new, tokens[len(prompt):], cache.get_seq_length(),
+                          fwd_t, fwd_d, t, t0, stop)
         if stop:
             return
-        step += 1
+
+
+class Show:
+    """Turns a verified step into the StepRecord the app animates (pieces of text and top lists on `detail`)."""
+
+    def __init__(self, tokenizer, detail: bool):
+        self.tok, self.detail = tokenizer, detail
+
+    def piece(self, i: int) -> str:
+        return self.tok.decode([i]) if self.detail else ""
+
+    def top(self, dist: torch.Tensor) -> list[Candidate]:
+        if not self.detail:
+            return []
+        v, i = torch.topk(dist, min(TOP, dist.shape[-1]))
+        return [Candidate(int(a), self.piece(int(a)), float(b)) for a, b in zip(i.tolist(), v.tolist()) if b > 0]
+
+    def record(self, index: int, name: str, prop: Proposal, c: Checked, new: list[int], generated: list[int],
+               cache_len: int, fwd_t: int, fwd_d: int, t: list[float], t0: float, stop: str) -> StepRecord:
+        v, m = c.v, c.draft.numel()
+        draft = c.draft.tolist()
+        kind = "target" if m == 0 else v.kind
+        kinds = (["draft"] * v.n_accepted + [kind])[:len(new)]
+        p_new = (v.p_x[:v.n_accepted].tolist() + [float(v.final_dist[v.token])])[:len(new)]
+        verdict = lambda i: "accepted" if i < v.n_accepted else "rejected" if i == v.n_accepted else "unchecked"
+        positions = [Position(x, self.piece(x), float(v.p_x[i]), float(v.q_x[i]), float(v.accept_prob[i]),
+                              float(v.u[i]), verdict(i), self.top(c.p[i]), self.top(c.q[i]) if prop.q is not None
+                              else []) for i, x in enumerate(draft)]
+        return StepRecord(
+            index=index, drafter=name, drafted=draft, positions=positions,
+            n_accepted=v.n_accepted, final_token=v.token, final_piece=self.piece(v.token),
+            final_kind=kind, final_top=self.top(v.final_dist),
+            committed=[Committed(x, self.piece(x), o, pp) for x, o, pp in zip(new, kinds, p_new)],
+            n_generated=len(generated),
+            text=self.tok.decode(generated, skip_special_tokens=True) if self.detail else "",
+            cache_len=cache_len, target_forwards=fwd_t, draft_forwards=fwd_d,
+            t_draft=t[1] - t[0], t_score=t[2] - t[1], t_verify=t[3] - t[2], t_commit=t[4] - t[3],
+            elapsed=time.perf_counter() - t0, info=dict(prop.info), done=bool(stop), stop_reason=stop)
 
 
 def run(target: LM, drafter: Drafter, prompt, **kw) -> tuple[list[int], list[StepRecord], RunMetrics]:

@@ -45,9 +45,7 @@ class LM:
     fallback: str = ""               # why ours was asked for but transformers' runs
 
     def __post_init__(self):
-        params = inspect.signature(self.model.forward).parameters
-        # transformers 5.2x calls it `cache`; earlier 5.x and 4.x call it `past_key_values`
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = cache_kw(self.model)
 
     @property
     def forward_name(self) -> str:
@@ -86,10 +84,10 @@ class LM:
             if hidden:
                 dec = self.model.get_decoder()
                 h = dec(input_ids=ids.view(1, -1).to(self.device), use_cache=True,
-                        **{_cache_kw(dec): cache}).last_hidden_state[0]
+                        **{cache_kw(dec): cache}).last_hidden_state[0]
                 head = self.model.get_output_embeddings()
                 return head(h[-1:] if last_only else h).float(), h
-            kw = {self._cache_kw: cache, "use_cache": True}
+            kw = {self.cache_arg: cache, "use_cache": True}
             if last_only:
                 kw["logits_to_keep"] = 1
             return self.model(ids.view(1, -1).to(self.device), **kw).logits[0].float()
@@ -120,7 +118,7 @@ class LM:
         mask.masked_fill_(~seen, torch.finfo(emb.dtype).min)                             # additive: eager and sdpa
         pos = (L + tree.depth).view(1, -1).to(dev)
         out = dec(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True,
-                  **{_cache_kw(dec): cache})
+                  **{cache_kw(dec): cache})
         h = out.last_hidden_state[0]                                                     # [T, H]
         return self.model.get_output_embeddings()(h).float(), h
 
@@ -147,15 +145,17 @@ class LM:
         return ids
 
 
-def _cache_kw(module) -> str:
+def cache_kw(module) -> str:
+    """The name `module.forward` gives its KV cache argument: transformers 5.2x says `cache`, earlier 5.x and
+    4.x say `past_key_values`."""
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 @torch.inference_mode()
-def compact(cache, start: int, keep: torch.Tensor) -> None:
+def compact(cache, start: int, keep: torch.Tensor, row: int = 0) -> None:
     """Keep entries start + keep (in that order) after the first `start`, in every layer; drop the rest."""
     if isinstance(cache, KVCache):
-        return cache.compact(0, start, keep)
+        return cache.compact(row, start, keep)
     for layer in cache.layers:
         if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
             continue
@@ -165,6 +165,17 @@ def compact(cache, start: int, keep: torch.Tensor) -> None:
         layer.values[..., start:start + n, :] = layer.values[..., idx, :]
         layer.keys = layer.keys[..., :start + n, :]
         layer.values = layer.values[..., :start + n, :]
+
+
+def keep(cache, start: int, kept: list[int], row: int = 0) -> None:
+    """After a forward appended slots from `start`, keep those at start + kept (in order) and drop the rest:
+    a crop when they are a prefix (a chain's accepted drafts), a compaction otherwise (a tree's path)."""
+    if kept != list(range(len(kept))):
+        compact(cache, start, torch.tensor(kept), row)
+    elif isinstance(cache, KVCache):
+        cache.set_length(row, start + len(kept))
+    elif (drop := cache.get_seq_length() - start - len(kept)) > 0:
+        cache.crop(-drop)
 
 
 def attach_forward(lm: LM, forward: str = "ours", **kw) -> LM:

@@ -49,10 +49,10 @@ class StepRecord:
     n_generated: int                  # generated tokens so far, this step included
     text: str                         # generated text so far
     cache_len: int                    # target KV entries after the step
-    target_forwards: int              # cumulative, prefill included
+    target_forwards: int              # cumulative target forwards over drafts, one a step (not the prefill)
     draft_forwards: int               # cumulative
     t_draft: float                    # seconds: propose
-    t_score: float                    # seconds: target forward over the draft
+    t_score: float                    # seconds: target forward over the pending token and the draft
     t_verify: float                   # seconds: the acceptance rule
     t_commit: float                   # seconds: commit / rollback / feedback
     elapsed: float                    # seconds since the run started (prefill included)

@@ -243,7 +243,7 @@ from specdec_core import SamplingParams  # noqa: E402
 from specdec_core.drafters import DrafterUnavailable, make  # noqa: E402
 from specdec_core.drafters.medusa import MANIFEST, WEIGHTS, Heads, Medusa  # noqa: E402
 from specdec_core.engine import run  # noqa: E402
-from specdec_core.tree_step import compact, tree_forward  # noqa: E402
+from specdec_core.models import compact  # noqa: E402
 
 PROMPTS = [
     "Write a Python function that returns the factorial of n.",
@@ -269,7 +269,7 @@ def test_tree_forward_matches_plain_forwards(bundled_fp32):
     nodes = torch.tensor([int(ids[-1]), 11, 12, 13, 14, 15, 16])
     cache = lm.new_cache()
     lm.forward(ids[:-1], cache)
-    logits, hidden = tree_forward(lm, cache, nodes, tree)
+    logits, hidden = lm.tree_forward(cache, nodes, tree)
     assert cache.get_seq_length() == len(ids) - 1 + tree.size and hidden.shape == (tree.size, 576)
     for j in range(tree.size):
         branch = [int(ids[-1])] + [int(nodes[n]) for n in tree.path_to(j)]
@@ -294,7 +294,7 @@ def test_compact_keeps_the_accepted_branch(bundled_fp32):
     cache = lm.new_cache()
     lm.forward(ids[:-1], cache)
     L = cache.get_seq_length()
-    tree_forward(lm, cache, nodes, tree)
+    lm.tree_forward(cache, nodes, tree)
     compact(cache, L, torch.tensor([0, 2, 5]))                       # root -> (1,) -> (1, 0)
     assert cache.get_seq_length() == L + 3
     got = lm.forward(torch.tensor([7]), cache)[-1]
@@ -415,7 +415,7 @@ def test_medusa_prunes_its_tree_once_per_k(monkeypatch):
     monkeypatch.setattr(Tree, "pruned", lambda self, d: calls.append(d) or orig(self, d))
     target = tiny_lm(0)
     m = Medusa(target, heads=Heads(32, 4), manifest={})
-    m.prefilled(torch.zeros(32), [1, 2, 3])
+    m.observe(torch.zeros(32), 3)
     for _ in range(3):
         m.h_len = 3
         m.propose(DraftContext([1, 2, 3, 4], 3, 2, SamplingParams(), None))

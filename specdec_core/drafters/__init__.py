@@ -1,8 +1,10 @@
-"""Draft sources behind one small interface.
+"""Draft sources behind one small interface, the Drafter protocol.
 
 A drafter proposes up to k new tokens after the committed context, with the distribution q each was drawn
-from (None for a deterministic draft, which verification treats as one-hot). After verification it may be
-told what was committed. Everything else, including exactness, is the engine's job.
+from (None for a deterministic draft, which verification treats as one-hot), or a candidate tree. After
+verification it is told how many of its tokens survived; a drafter that reads the target's hidden state
+(Medusa) is also handed, after every target forward, the final hidden state of the newest token the target
+has run. Everything else, including exactness, is the engine's job.
 """
 from __future__ import annotations
 
@@ -31,17 +33,41 @@ class Proposal:
     info: dict = field(default_factory=dict)  # drafter-specific extras for the animation
     tree: object = None                      # a tree.Tree: tokens are its nodes after the root (tree_step.py)
 
+    @classmethod
+    def empty(cls, **info) -> "Proposal":
+        """Nothing to propose this step."""
+        return cls(torch.empty(0, dtype=torch.long), info=info)
+
 
 @runtime_checkable
 class Drafter(Protocol):
-    name: str
-    default_k: int
+    """What the engine (engine.py, batch.py) asks of a draft source, in the order it asks.
 
-    def begin(self, prompt: list[int]) -> None: ...
+    Drafters subclass this for the defaults; only `propose` must be written.
+      begin(prompt)          once, before the prompt is prefilled: reset per-sequence state
+      observe(h, n)          only if `reads_hidden`: after the prefill and after every verification forward,
+                             h [H] is the target's final-norm hidden state (the LM head's input) at committed
+                             position n - 1, the newest one the target has run; the pending token comes next
+      propose(ctx)           each step with ctx.k >= 1: at most ctx.k new tokens (or a tree, see Proposal)
+      feedback(ctx, n)       after verification, when it proposed m >= 1 tokens: n of them were accepted;
+                             ctx.tokens already holds what was committed (drafters with a cache may instead
+                             roll back lazily against the next ctx, as draft_model.py does)
+    """
+    name: str = "drafter"
+    default_k: int = 4
+    reads_hidden: bool = False
 
-    def propose(self, ctx: DraftContext) -> Proposal: ...
+    def begin(self, prompt: list[int]) -> None:
+        pass
 
-    def feedback(self, ctx: DraftContext, n_accepted: int) -> None: ...
+    def observe(self, h: torch.Tensor, n: int) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        raise NotImplementedError
+
+    def feedback(self, ctx: DraftContext, n_accepted: int) -> None:
+        pass
 
 
 NAMES = ("none", "lookup", "draft", "early-exit", "medusa")

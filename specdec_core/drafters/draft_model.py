@@ -11,33 +11,34 @@ import torch
 
 from ..models import LM, check_compatible
 from ..sampling import probs, sample
-from . import DraftContext, Proposal
+from . import DraftContext, Drafter, Proposal
 
 
-class CachedDraft:
+class CachedDraft(Drafter):
     """An autoregressive draft with its own KV cache, kept in step with the committed text.
 
-    Subclasses say how to make a cache and how to run ids through it (`_new_cache`, `_forward`)."""
+    Subclasses say how to make a cache and how to run ids through it (`new_cache`, `run`)."""
     name = "cached-draft"
     default_k = 4
 
     def __init__(self):
         self.cache, self.seen = None, []
 
-    def _new_cache(self):
+    def new_cache(self):
         raise NotImplementedError
 
-    def _forward(self, ids: list[int]) -> torch.Tensor:
+    def run(self, ids: list[int]) -> torch.Tensor:
         """Run ids after what the cache holds; returns the logits [V] for the next token."""
         raise NotImplementedError
 
-    def _info(self) -> dict:
+    def details(self) -> dict:
+        """Drafter-specific extras for the animation."""
         return {}
 
     def begin(self, prompt: list[int]) -> None:
-        self.cache, self.seen = self._new_cache(), []
+        self.cache, self.seen = self.new_cache(), []
 
-    def _sync(self, tokens: list[int]) -> torch.Tensor:
+    def sync(self, tokens: list[int]) -> torch.Tensor:
         """Crop the cache to the prefix it shares with `tokens` and run the rest (at least one token).
 
         Returns the logits for the token after `tokens`."""
@@ -51,10 +52,10 @@ class CachedDraft:
         if drop > 0:
             self.cache.crop(-drop)
         self.seen = list(tokens)
-        return self._forward(tokens[keep:])
+        return self.run(tokens[keep:])
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        logits = self._sync(ctx.tokens)
+        logits = self.sync(ctx.tokens)
         out, qs = [], []
         for i in range(ctx.k):
             q = probs(logits, ctx.sp)                                # [V]
@@ -62,13 +63,11 @@ class CachedDraft:
             out.append(x)
             qs.append(q)
             if i < ctx.k - 1:
-                logits = self._forward([x])
+                logits = self.run([x])
                 self.seen.append(x)
         return Proposal(torch.tensor(out, dtype=torch.long), torch.stack(qs) if qs else None,
-                        forwards=max(ctx.k, 1), info=self._info())
+                        forwards=max(ctx.k, 1), info=self.details())
 
-    def feedback(self, ctx: DraftContext, n_accepted: int) -> None:
-        pass  # rollback happens lazily in _sync, against what was actually committed
 
     def cache_len(self) -> int:
         return self.cache.get_seq_length() if self.cache is not None else 0
@@ -85,8 +84,8 @@ class DraftModel(CachedDraft):
             check_compatible(target, lm)
         self.lm = lm
 
-    def _new_cache(self):
+    def new_cache(self):
         return self.lm.new_cache()
 
-    def _forward(self, ids: list[int]) -> torch.Tensor:
+    def run(self, ids: list[int]) -> torch.Tensor:
         return self.lm.forward(torch.tensor(ids), self.cache, last_only=True)[-1]

@@ -16,7 +16,6 @@ last drafted token and the bonus are run on the next proposal.
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import LM, ModelError
+from ..models import LM, ModelError, cache_kw
 from .draft_model import CachedDraft
 from .vocab import DraftVocab
 
@@ -74,10 +73,6 @@ def trunk(target_model: nn.Module, layers: int) -> nn.Module:
     if not 1 <= layers < n:
         raise ModelError(f"early exit needs 1 <= L < {n} (the target's layer count), got L={layers}")
     return stack(target_model, list(target_model.model.layers[:layers]), nn.Identity())
-
-
-def cache_kw(module: nn.Module) -> str:
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def new_cache(tr: nn.Module):
@@ -146,7 +141,7 @@ class EarlyExit(CachedDraft):
         self.default_k = default_k or getattr(ex, "default_k", None) or self.default_k
         super().__init__()
 
-    def _new_cache(self):
+    def new_cache(self):
         return self.fwd.new_cache() if self.fwd is not None else new_cache(self.net)
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
@@ -154,12 +149,12 @@ class EarlyExit(CachedDraft):
         return self.vocab.scatter(logits) if self.vocab is not None else logits                     # [.., V]
 
     @torch.inference_mode()
-    def _forward(self, ids: list[int]) -> torch.Tensor:
+    def run(self, ids: list[int]) -> torch.Tensor:
         if self.fwd is not None:
             return self.fwd.append(torch.tensor(ids), self.cache, last_only=True)[-1]
         x = torch.tensor([ids], device=self.target.device)
         h = self.net(input_ids=x, **{self._kw: self.cache}, use_cache=True).last_hidden_state[0, -1]  # [d]
         return self._head(h)
 
-    def _info(self) -> dict:
+    def details(self) -> dict:
         return {"exit_layer": self.ex.layers}

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from . import DraftContext, Proposal
+from . import DraftContext, Drafter, Proposal
 
 
-class PromptLookup:
+class PromptLookup(Drafter):
     name = "lookup"
     default_k = 10
 
@@ -19,9 +19,6 @@ class PromptLookup:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-
-    def begin(self, prompt: list[int]) -> None:
-        pass
 
     def propose(self, ctx: DraftContext) -> Proposal:
         toks, n_tok = ctx.tokens, len(ctx.tokens)
@@ -31,7 +28,4 @@ class PromptLookup:
                 if toks[start:start + n] == tail:
                     cont = toks[start + n:start + n + ctx.k]
                     return Proposal(torch.tensor(cont, dtype=torch.long), info={"ngram": n, "match_at": start})
-        return Proposal(torch.empty(0, dtype=torch.long))
-
-    def feedback(self, ctx: DraftContext, n_accepted: int) -> None:
-        pass
+        return Proposal.empty()

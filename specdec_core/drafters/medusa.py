@@ -10,9 +10,9 @@ distributions on the target's own answers (training: `python -m specdec_core tra
 
 Candidates are deterministic: position d of the tree gets head d-1's top-ranked tokens, arranged by the tree
 declared as data (tree.py). Verification is exact whatever the heads say (verify_tree.py); this module only
-decides how often the target agrees. The hidden state comes from the verification forward of the previous
-step (tree_step.py, or batch.py for each row of a batch, hands it over), or from the prefill on the first step,
-so drafting costs no extra target forward: only D small blocks and D rows of LM-head logits, over the draft
+decides how often the target agrees. The hidden state comes from the target forward that
+ran last (the prefill, or the previous step's verification; the engine hands it over through `observe`), so
+drafting costs no extra target forward: only D small blocks and D rows of LM-head logits, over the draft
 vocabulary (vocab.py) when the weights carry one: ranking 49152 tokens per head would cost a tenth of a
 target forward here.
 """
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tree import Tree, compile_tree
-from . import DraftContext, DrafterUnavailable, Proposal
+from . import DraftContext, Drafter, DrafterUnavailable, Proposal
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "medusa.safetensors"
@@ -87,8 +87,9 @@ def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
     return heads.eval(), manifest
 
 
-class Medusa:
+class Medusa(Drafter):
     name = "medusa"
+    reads_hidden = True   # the engine hands over the target's hidden state (observe)
 
     def __init__(self, target, heads: Heads | None = None, tree=None, manifest: dict | None = None):
         if heads is None:
@@ -112,33 +113,20 @@ class Medusa:
         self.head_w = head_weight(heads, self.lm_head)
         self.default_k = self.tree.max_depth
         self._cut: dict[int, Tree] = {}
-        self.h, self.h_len, self._prompt = None, -1, None
+        self.h, self.h_len = None, -1
 
-    # -- state: the final hidden state of the newest token the target has run, and how many tokens that was
-
-    def prefill(self, target, prompt: list[int], cache) -> torch.Tensor:
-        """The engine's prefill, keeping the last hidden state: prompt -> logits [1, V] for the first token."""
-        logits, h = target.forward(torch.tensor(prompt), cache, last_only=True, hidden=True)
-        self.prefilled(h[-1], prompt)
-        return logits
-
-    def prefilled(self, h: torch.Tensor, prompt: list[int]) -> None:
-        """Someone else ran the prefill (batch.py, one row of a batch): h is the prompt's last hidden state."""
-        self.h, self.h_len, self._prompt = h, len(prompt), list(prompt)
+    # state: the final hidden state of the newest token the target has run, and how many tokens that makes
 
     def begin(self, prompt: list[int]) -> None:
-        if self._prompt != list(prompt):   # no prefill of ours for this run: draft nothing until a tree step
-            self.h, self.h_len = None, -1
-        self._prompt = None
+        self.h, self.h_len = None, -1
 
-    def observe(self, h: torch.Tensor, n_accepted: int) -> None:
-        """From tree_step: the hidden state of the last accepted node (the root when none was)."""
-        self.h, self.h_len = h, self.h_len + 1 + n_accepted
+    def observe(self, h: torch.Tensor, n: int) -> None:
+        self.h, self.h_len = h, n
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        # the root (pending token) must be the one drawn from self.h: exactly one token after it
+        # the root (the pending token) must be the one drawn from self.h: exactly one token after it
         if self.h is None or len(ctx.tokens) != self.h_len + 1 or ctx.k < 1:
-            return Proposal(torch.empty(0, dtype=torch.long))
+            return Proposal.empty()
         if ctx.k < self.tree.max_depth and ctx.k not in self._cut:   # prune once per k, not every step
             self._cut[ctx.k] = self.tree.pruned(ctx.k)
         tree = self._cut[ctx.k] if ctx.k < self.tree.max_depth else self.tree
@@ -146,6 +134,3 @@ class Medusa:
             top = ranked(self.heads, self.head_w, self.h[None], max(tree.width))[:tree.max_depth, 0].cpu()  # [D, W]
         nodes = tree.tokens(ctx.tokens[-1], top)
         return Proposal(nodes[1:], tree=tree, info={"heads": tree.max_depth})
-
-    def feedback(self, ctx: DraftContext, n_accepted: int) -> None:
-        pass  # the state moves in observe(), from the verification forward itself
