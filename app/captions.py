@@ -42,7 +42,7 @@ def caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
     if f.phase == VERIFY:
         j = f.checked - 1
         pos = rec.positions[j]
-        head = (f"<b>Verify draft #{j + 1} “{show(pos.piece)}”.</b> The target gives it p = {pos.p:.2f}; the drafter "
+        lead = (f"<b>Verify draft #{j + 1} “{show(pos.piece)}”.</b> The target gives it p = {pos.p:.2f}; the drafter "
                 f"{q_word(pos.q)}. ")
         ok = pos.verdict == "accepted"
         green = "<span style='color:#2e7d32'><b>accepted</b></span> (green)"
@@ -59,7 +59,7 @@ def caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
                        f"u ≥ {pos.accept_prob:.2f}, so the guess is {red}.")
         after = (" The next guess gets its turn." if ok and j + 1 < m else "") if ok else \
             " Every guess after it is thrown away too, because it was built on a wrong token."
-        return head + rule + verdict + after
+        return lead + rule + verdict + after
     kept = f"{rec.n_accepted} of {m} guesses kept" if m else "no guesses"
     n = len(rec.committed)
     tail = (f" This step committed <b>{n} token{'s' if n != 1 else ''}</b> for one forward pass of the target "

@@ -77,7 +77,7 @@ def _parse(key: str, raw: str):
     return val
 
 
-def decode(params: dict[str, str]) -> tuple[dict, list[str]]:
+def from_query(params: dict[str, str]) -> tuple[dict, list[str]]:
     """URL query parameters -> (session values, errors). Unknown keys are ignored; bad values are reported
     and skipped, so a mistyped link still opens. A preset workload's prompt is looked up, not carried."""
     vals, errors = {}, []
@@ -98,7 +98,7 @@ def decode(params: dict[str, str]) -> tuple[dict, list[str]]:
     return vals, errors
 
 
-def encode(state) -> dict[str, str]:
+def to_query(state) -> dict[str, str]:
     """Session values -> URL query parameters (strings). The prompt travels only when it is free text."""
     out = {}
     for key in ("drafter", "draft_model", "k", "temperature", "top_p", "seed", "max_new_tokens"):
@@ -120,7 +120,7 @@ def scene_values(name: str) -> dict:
     """A scene as session values, filled in like a URL would be (preset prompts looked up)."""
     sc = dict(SCENES[name])
     sc.setdefault("draft_model", sidebar.DEFAULTS["draft_model"])
-    vals, errors = decode({k: str(v) for k, v in sc.items()})
+    vals, errors = from_query({k: str(v) for k, v in sc.items()})
     assert not errors, errors  # scenes are ours: a bad one is a bug
     return vals
 
@@ -137,7 +137,7 @@ def load() -> None:
     if ss.get(LOADED):
         return
     ss[LOADED] = True
-    vals, errors = decode(dict(st.query_params))
+    vals, errors = from_query(dict(st.query_params))
     for key, val in vals.items():
         ss[key] = val
     if errors:
@@ -158,6 +158,6 @@ def build() -> None:
         sb.warning(f"Ignored from the link: {e}.")
     if ss.presenter:
         st.html(PRESENTER_CSS)
-    want = encode(ss)
+    want = to_query(ss)
     if dict(st.query_params) != want:
         st.query_params.from_dict(want)

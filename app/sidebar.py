@@ -7,18 +7,15 @@ import streamlit as st
 
 from specdec_core import drafters
 from specdec_core.sampling import MAX_TEMPERATURE
+from specdec_core.workloads import WORKLOADS
 
 from .runs import BUNDLED, FORWARDS, Settings
-
-try:
-    from specdec_core.workloads import WORKLOADS
-except ImportError:  # an older core without presets: free text only
-    WORKLOADS = {}
 
 CUSTOM = "custom"
 # batch serving is a throughput story; a one-request demo cannot show it
 PRESETS = {n: w for n, w in WORKLOADS.items() if n != "batch" and w.prompts}
-DEFAULT_WORKLOAD = "extraction" if "extraction" in PRESETS else next(iter(PRESETS), CUSTOM)
+DEFAULT_WORKLOAD = "extraction"
+# the prompt when a link names no preset and no text
 FALLBACK_PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox"
 
 DEFAULTS = dict(drafter="lookup", draft_model=BUNDLED, k=4, top_p=1.0, seed=0, max_new_tokens=48,

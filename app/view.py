@@ -128,14 +128,13 @@ def context_strip(prompt: str, records: list[StepRecord], i: int, f: Frame, limi
     """The context the drafter sees (prompt tail + committed text) followed by this step's drafts."""
     rec = records[i]
     chips = [c for r in records[:i] for c in committed_chips(r)]
-    head = ""
     if len(chips) < limit:
         tail = prompt[-max(40, 160 - 4 * len(chips)):]
-        head = f'<span class="tok-context">{"… " if len(tail) < len(prompt) else ""}{html.escape(tail)} </span>'
+        lead = f'<span class="tok-context">{"… " if len(tail) < len(prompt) else ""}{html.escape(tail)} </span>'
     else:
         chips = chips[-limit:]
-        head = '<span class="tok-context">… </span>'
-    body = head + "".join(chip(p, c, t) for p, c, t in chips)
+        lead = '<span class="tok-context">… </span>'
+    body = lead + "".join(chip(p, c, t) for p, c, t in chips)
     body += '<span style="display:inline-block;width:14px"></span>'
     for j in range(f.shown):
         pos = rec.positions[j]
@@ -183,9 +182,9 @@ def verify_table(rec: StepRecord, f: Frame) -> str:
             cls = "tok-unchecked" if after else "tok-draft"
             rows.append(f'<tr class="vrow"><td>{j + 1}</td><td>{chip(pos.piece, cls)}</td><td></td><td></td>'
                         f'<td></td><td></td><td class="verdict-unchecked">{label}</td></tr>')
-    head = ("<tr><th>#</th><th>drafted</th><th>p(x) target</th><th>q(x) draft</th><th>min(1, p/q)</th>"
-            "<th>keep if u falls in the green part</th><th>verdict</th></tr>")
-    return f'<table class="vtable">{head}{"".join(rows)}</table>'
+    header = ("<tr><th>#</th><th>drafted</th><th>p(x) target</th><th>q(x) draft</th><th>min(1, p/q)</th>"
+              "<th>keep if u falls in the green part</th><th>verdict</th></tr>")
+    return f'<table class="vtable">{header}{"".join(rows)}</table>'
 
 
 def legend() -> str:

@@ -4,7 +4,8 @@ baseline) run here on the real model, with a report to download."""
 import pandas as pd
 import streamlit as st
 
-from app import checklist, engines, runs, sidebar
+from app import runs, sidebar
+from specdec_core.serving import checklist, engines
 
 st.title("Road to production")
 s = sidebar.current()
@@ -37,7 +38,7 @@ st.markdown("## 2 · The operator's checklist, run here")
 st.markdown("Fix a set of prompts, decode **greedily** with the draft off and on, **diff the tokens**, then read "
             "acceptance, TTFT, TPOT and throughput against the baseline. Keep speculation only where the numbers "
             "earn it.")
-pool = [(name, w.prompts[0]) for name, w in sidebar.PRESETS.items()] or [("custom", sidebar.FALLBACK_PROMPT)]
+pool = [(name, w.prompts[0]) for name, w in sidebar.PRESETS.items()]
 c1, c2 = st.columns(2)
 chosen = c1.multiselect("Fixed prompts (first example of each workload)", [n for n, _ in pool],
                         default=[n for n, _ in pool][:3], key="ck_prompts")

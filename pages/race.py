@@ -6,7 +6,7 @@ import time
 
 import streamlit as st
 
-from app import runs, sidebar, view
+from app import play, runs, sidebar, view
 
 SPEEDS = [0.1, 0.25, 0.5, 1.0, 2.0, 4.0]
 REPLAY_S = 10.0  # the default replay speed is the slowest that finishes within this
@@ -26,9 +26,7 @@ plain_s = dataclasses.replace(s, drafter="none")
 c1, c2 = st.columns([1, 4], vertical_alignment="center")
 clicked = c1.button("Start the race", type="primary", key="race", icon=":material/sports_score:")
 c2.caption(s.summary())
-# fixed slots, present in every run, so the replay fragment below always sits at the same place in the page
-holder = st.empty()       # the live view of the two runs being decoded
-notices = st.container()  # errors, warnings, hints
+holder, notices = play.slots()
 if s.drafter == "none":
     notices.info("The drafter in the sidebar is `none`, so both lanes are plain decoding. Pick `lookup` or "
                  "`draft` to see speculation win (or lose).")
@@ -40,28 +38,22 @@ LANES = (("race_plain", "Plain decoding", "the target alone, one token per forwa
 def race() -> None:
     ss.pop("race_error", None)
     try:  # validate both lanes before either starts
-        plain, plain_stream = runs.start(plain_s)
-        spec, spec_stream = runs.start(s)
+        plain, plain_records = runs.start(plain_s)
+        spec, spec_records = runs.start(s)
     except Exception as e:
         ss.race_error = runs.friendly(e)
         return
     ss.race_plain, ss.race_spec = plain, spec
     cols = holder.container().columns(2)
-    for col, run, stream, name in ((cols[0], plain, plain_stream, "plain"), (cols[1], spec, spec_stream,
-                                                                             "speculative")):
+    for col, run, records, name in ((cols[0], plain, plain_records, "plain"),
+                                    (cols[1], spec, spec_records, "speculative")):
         with col:
             prog = st.progress(0.0, text=f"Decoding {name}…")
             live = st.empty()
         try:
-            for rec in stream:
-                run.records.append(rec)
-                prog.progress(min(1.0, rec.n_generated / s.max_new_tokens),
-                              text=f"{name}: {rec.n_generated} tokens, {rec.target_forwards} target passes, "
-                                   f"{rec.elapsed:.2f} s")
-                live.html(view.text_so_far(run.records, len(run.records) - 1))
-            run.status = "done"
+            play.stream(run, records, prog, live, lambda rec: f"{name}: {rec.n_generated} tokens, "
+                        f"{rec.target_forwards} target passes, {rec.elapsed:.2f} s")
         except Exception as e:
-            run.status = "stopped"
             ss.race_error = runs.friendly(e)
             return
     holder.empty()
@@ -70,13 +62,7 @@ def race() -> None:
     ss.race_playing, ss.race_clock = True, time.monotonic()
 
 
-if clicked:
-    race()
-elif (problem := runs.warm()) is not None:
-    ss.race_error = problem
-
-if ss.get("race_error"):
-    notices.error(ss.race_error, icon=":material/error:")
+play.begin(clicked, race, "race_error", notices)
 
 plain, spec = ss.get("race_plain"), ss.get("race_spec")
 if not (plain and spec and plain.records and spec.records):
@@ -97,13 +83,12 @@ def _finish():
     ss.race_playing = False
 
 
-playing = bool(ss.get("race_playing"))
+def tick() -> float | None:
+    return TICK_S if ss.get("race_playing") else None
 
 
-@st.fragment(run_every=TICK_S if playing else None)
 def board():
-    if bool(ss.get("race_playing")) != playing:
-        st.rerun()
+    playing = bool(ss.get("race_playing"))
     t = (time.monotonic() - ss.race_clock) * float(ss.race_speed) if playing else end_s
     done = t >= end_s
     b = st.columns([1, 1, 2, 4], vertical_alignment="center")
@@ -147,9 +132,7 @@ def board():
             st.info("At temperature 0 the two texts differ: a near-tie between two tokens was broken differently "
                     "by rounding in a one-token and a many-token forward pass (bf16 arithmetic), after which "
                     "the texts go their own ways. The rule itself is exact.")
-        if playing:
-            ss.race_playing = False
-            st.rerun()
+        ss.race_playing = False
 
 
-board()
+play.autoplay(board, tick)

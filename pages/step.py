@@ -4,8 +4,8 @@ import time
 
 import streamlit as st
 
-from app import captions, runs, sidebar, view
-from app import frames as F
+from app import captions, frames, play, runs, sidebar, view
+from specdec_core.metrics import summarize
 
 BASE_S = 0.9  # seconds per frame at 1x
 SPEEDS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0]
@@ -25,54 +25,39 @@ go_clicked = c1.button("Generate", type="primary", key="generate", icon=":materi
 c2.caption(settings.summary())
 
 
-# fixed slots, present in every run, so the replay fragment below always sits at the same place in the page
-holder = st.empty()       # the live view of a run being decoded
-notices = st.container()  # errors and warnings
+holder, notices = play.slots()
 
 
 def generate(s: runs.Settings) -> None:
     """Stream a run into this session's state, then measure the plain baseline for the speedup."""
     ss.pop("step_error", None)
     try:
-        run, stream = runs.start(s)
+        run, records = runs.start(s)
     except Exception as e:  # every failure becomes a message on the page
         ss.step_error = runs.friendly(e)
         return
-    ss.run, ss.cursor = run, F.Cursor()
+    ss.run, ss.cursor = run, frames.Cursor()
     with holder.container(border=True):  # cleared when the run ends; the replay takes its place
         prog = st.progress(0.0, text="Decoding…")
         st.button("Stop", key="stop", icon=":material/stop_circle:", help="Stop the run here; the steps made so far can still be replayed.")
         live = st.empty()
     try:
-        for rec in stream:
-            run.records.append(rec)
-            prog.progress(min(1.0, rec.n_generated / s.max_new_tokens),
-                          text=f"Step {rec.index + 1}: {rec.n_generated} of up to {s.max_new_tokens} tokens, "
-                               f"{rec.elapsed:.1f} s")
-            live.html(view.text_so_far(run.records, len(run.records) - 1))
-        run.status = "done"
+        play.stream(run, records, prog, live, lambda rec: f"Step {rec.index + 1}: {rec.n_generated} of up to "
+                                                          f"{s.max_new_tokens} tokens, {rec.elapsed:.1f} s")
         if s.drafter == "none":
             run.baseline = run.metrics
         else:
             prog.progress(1.0, text="Decoding the same prompt plainly (no drafter) to measure the speedup…")
-            run.baseline = F.summarize(runs.baseline(s, run.prompt_ids))
+            run.baseline = summarize(runs.baseline(s, run.prompt_ids))
     except Exception as e:
-        if run.status == "running":
-            run.status = "stopped"
         ss.step_error = runs.friendly(e)
     holder.empty()
     if run.records:
-        ss.cursor = F.Cursor(playing=True)
+        ss.cursor = frames.Cursor(playing=True)
         ss.last_tick = time.monotonic()
 
 
-if go_clicked:
-    generate(settings)
-elif (problem := runs.warm()) is not None:
-    ss.step_error = problem
-
-if ss.get("step_error"):
-    notices.error(ss.step_error, icon=":material/error:")
+play.begin(go_clicked, lambda: generate(settings), "step_error", notices)
 
 run: runs.Run | None = ss.get("run")
 if run is None or not run.records:
@@ -87,7 +72,7 @@ if run.status == "stopped":
 
 # ----- replay controls (callbacks change the cursor before the fragment redraws) -----
 recs = run.records
-ss.setdefault("cursor", F.Cursor())
+ss.setdefault("cursor", frames.Cursor())
 
 
 def _pause_then(fn):
@@ -106,7 +91,7 @@ def _toggle_play():
 
 
 def _to_rejection(cur):
-    i = F.next_rejection(recs, cur.step)
+    i = frames.next_rejection(recs, cur.step)
     if i is not None:
         cur.goto(recs, i)
 
@@ -116,18 +101,16 @@ def _scrub():
     ss.cursor.goto(recs, int(ss.scrub) - 1)
 
 
-interval = BASE_S / float(ss.speed) if ss.cursor.playing else None
+def interval() -> float | None:
+    return BASE_S / float(ss.speed) if ss.cursor.playing else None
 
 
-@st.fragment(run_every=interval)
 def player():
     cur = ss.cursor.clamp(recs)
-    # play state or speed changed inside the fragment: rerun the page so run_every follows
-    if (interval is None) == cur.playing or (cur.playing and abs(BASE_S / float(ss.speed) - interval) > 1e-9):
-        st.rerun()
     if cur.playing:
         now = time.monotonic()
-        if now - ss.get("last_tick", 0.0) >= 0.8 * interval:
+        # a fragment also reruns when a control is touched: advance only once per tick
+        if now - ss.get("last_tick", 0.0) >= 0.8 * interval():
             cur.advance(recs)
             ss.last_tick = now
 
@@ -149,7 +132,7 @@ def player():
                shortcut="Right", on_click=_pause_then(lambda c: c.advance(recs)),
                help="One phase forward: draft, verify, result")
     bar.button("Next rejection", key="next_rejection", icon=":material/report:",
-               on_click=_pause_then(_to_rejection), disabled=F.next_rejection(recs, cur.step) is None,
+               on_click=_pause_then(_to_rejection), disabled=frames.next_rejection(recs, cur.step) is None,
                help="Jump to the next step where the target rejected a draft")
     row = st.columns([5, 1], gap="large", vertical_alignment="bottom")
     if len(recs) > 1:
@@ -158,7 +141,7 @@ def player():
     row[1].select_slider("Speed", SPEEDS, key="speed", format_func=lambda x: f"{x:g}×")
 
     rec = recs[cur.step]
-    fr = F.frames(rec)[cur.frame]
+    fr = frames.frames(rec)[cur.frame]
     st.html(view.phase_pills(fr))
     st.subheader(f"Step {cur.step + 1} of {len(recs)} · {captions.phase_title(rec, fr)}")
     st.markdown(f'<div class="bigcap">{captions.caption(rec, fr, run.settings.temperature == 0)}</div>',
@@ -167,15 +150,15 @@ def player():
     left, right = st.columns([3, 2], gap="large")
     with left:
         st.html(view.context_strip(run.prompt_text, recs, cur.step, fr))
-        if rec.k and fr.phase != F.DRAFT:
+        if rec.k and fr.phase != frames.DRAFT:
             st.html(view.verify_table(rec, fr))
         if rec.info:
             _drafter_info(rec.info)
     with right:
-        if fr.phase == F.VERIFY:
+        if fr.phase == frames.VERIFY:
             st.plotly_chart(view.pq_figure(rec.positions[fr.checked - 1], fr.checked - 1),
                             key="chart")
-        elif fr.phase == F.RESULT:
+        elif fr.phase == frames.RESULT:
             st.plotly_chart(view.result_figure(rec), key="chart")
         elif rec.k and rec.positions[fr.shown - 1].q_top:
             pos = rec.positions[fr.shown - 1]
@@ -187,14 +170,13 @@ def player():
                     "certain, q = 1 for the token it copied and 0 for every other.")
 
     st.markdown("##### The text so far")
-    st.html(view.text_so_far(recs, cur.step, include_last=fr.phase == F.RESULT))
+    st.html(view.text_so_far(recs, cur.step, include_last=fr.phase == frames.RESULT))
     st.html(view.legend())
     st.caption("Hover over a token to see its probabilities.")
-    _metrics(cur.step if fr.phase == F.RESULT else cur.step - 1)
+    _metrics(cur.step if fr.phase == frames.RESULT else cur.step - 1)
 
-    if cur.playing and cur.at_end(recs):
+    if cur.at_end(recs):
         cur.playing = False
-        st.rerun()
 
 
 def _drafter_info(info: dict) -> None:
@@ -218,7 +200,7 @@ def _metrics(upto: int) -> None:
                                   "Target forward passes"]):
             c.metric(name, "—")
         return
-    m = F.running(recs, upto)
+    m = frames.running(recs, upto)
     base = run.baseline
     cols[0].metric("Acceptance rate", f"{m.acceptance_rate:.0%}" if m.drafted else "—",
                    help="Accepted drafted tokens / drafted tokens, up to this step")
@@ -235,4 +217,4 @@ def _metrics(upto: int) -> None:
                    delta=f"{saved} saved" if saved else None, delta_color="normal")
 
 
-player()
+play.autoplay(player, interval)

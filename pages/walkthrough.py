@@ -10,11 +10,12 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from app import checklist, runs, sidebar, view
+from app import nav, runs, sidebar, view
+from app.classroom import REPEAT
 from specdec_core import IncompatibleModels, SamplingParams, check_compatible, drafters, engine
+from specdec_core.serving import checklist
 
 TOKENS = 24  # the most any widget here decodes: seconds on a CPU
-REPEAT = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat.\n\nRepeat the text exactly."
 GREEDY = SamplingParams(temperature=0.0)
 
 SECTIONS = {
@@ -52,7 +53,9 @@ def quiz(key: str, question: str, options: list[str], right: int, why: str) -> N
         st.error(f"Not quite: the answer is “{options[right]}”. {why}")
 
 
-def decode(drafter_name: str, prompt: str, k: int = 4, tokens: int = TOKENS, sp=GREEDY, draft_model="distilled"):
+def run_drafter(drafter_name: str, prompt: str, k: int = 4, tokens: int = TOKENS, sp=GREEDY,
+                draft_model="distilled"):
+    """(tokens, records, metrics) of one run of the named drafter on `prompt`, greedy unless `sp` says."""
     tgt = runs.target()
     d = runs.make_drafter(runs.Settings(drafter=drafter_name, draft_model=draft_model, k=k), tgt)
     ids, recs, m = engine.run(tgt, d, tgt.encode(prompt).tolist(), sp=sp, k=0 if drafter_name == "none" else k,
@@ -90,19 +93,12 @@ st.markdown("Read a section, press its button to run the **real** model (a 135 M
             "settings into engine flags.")
 # every other page, one click away: the sidebar's navigation lists them too, but a newcomer reads the page
 HERE = Path(__file__).parent
-ONWARD = [("step.py", "Step by step", ":material/slow_motion_video:"), ("race.py", "Race", ":material/sports_score:"),
-          ("lesson.py", "How it works", ":material/school:"),
-          ("production.py", "Road to production", ":material/rocket_launch:"),
-          ("workloads.py", "Measure: workloads", ":material/table_chart:"),
-          ("temperature.py", "Measure: temperature", ":material/thermostat:"),
-          ("batch.py", "Measure: batch size", ":material/stacks:"),
-          ("draft_length.py", "Measure: draft length k", ":material/straighten:"),
-          ("contract.py", "Measure: output contract", ":material/fact_check:")]
+ONWARD = [page for page in nav.PAGES if page.path.name != Path(__file__).name]
 with st.expander("Where to go next", icon=":material/explore:"):
     cols = st.columns(3)
-    for i, (file, label, icon) in enumerate(ONWARD):
+    for i, page in enumerate(ONWARD):
         with cols[i % 3]:
-            st.page_link(HERE / file, label=label, icon=icon)
+            st.page_link(page.path, label=page.link, icon=page.icon)
 sec = st.radio("Section", list(SECTIONS), format_func=SECTIONS.get, key="wt_section", horizontal=True)
 st.header(SECTIONS[sec])
 
@@ -127,8 +123,8 @@ prompt that repeats itself, counting target passes.""")
                 tgt.forward(ids[:n], tgt.new_cache())
                 best = min(best, time.perf_counter() - t)
             cost[n] = best
-        _, _, plain = decode("none", REPEAT, tokens=16)
-        _, recs, look = decode("lookup", REPEAT, tokens=16)
+        _, _, plain = run_drafter("none", REPEAT, tokens=16)
+        _, recs, look = run_drafter("lookup", REPEAT, tokens=16)
         return cost, plain, look, recs
     r = live("idle", "Measure one pass, then decode 16 tokens both ways", _idle)
     if r:
@@ -193,10 +189,9 @@ the continuation of an n-gram already in the context: no network at all. Each is
     which = st.selectbox("Variant", list(choices), key="wt_variant",
                          format_func=lambda n: f"{n}: {drafters.DESCRIPTIONS[n]}")
     wname, why = choices[which]
-    w = sidebar.PRESETS.get(wname)
-    prompt = w.prompts[0] if w else REPEAT
+    prompt = sidebar.PRESETS[wname].prompts[0]
     st.caption(f"Prompt ({why}): {prompt[:160]}{'…' if len(prompt) > 160 else ''}")
-    r = live("variants", f"Decode {TOKENS} tokens with {which}", lambda: (which, decode(which, prompt)))
+    r = live("variants", f"Decode {TOKENS} tokens with {which}", lambda: (which, run_drafter(which, prompt)))
     if r:
         name, (_, recs, m) = r
         c = st.columns(3)
@@ -226,8 +221,8 @@ construction; the sidebar's *Forward* switch brings back transformers' own forwa
 the **Output contract** page measures both.""")
 
     def _exact():
-        a, _, _ = decode("none", REPEAT)
-        b, recs, m = decode("lookup", REPEAT)
+        a, _, _ = run_drafter("none", REPEAT)
+        b, recs, m = run_drafter("lookup", REPEAT)
         return a, b, recs, m
     r = live("exact", f"Decode {TOKENS} tokens with and without the draft (greedy)", _exact)
     if r:
@@ -253,7 +248,7 @@ elif sec == "workloads":
         rows = []
         for name, w in sidebar.PRESETS.items():
             sp = SamplingParams(temperature=w.temperature, seed=0)
-            _, _, m = decode("lookup", w.prompts[0], tokens=12, sp=sp)
+            _, _, m = run_drafter("lookup", w.prompts[0], tokens=12, sp=sp)
             rows.append({"workload": w.label, "temperature": w.temperature, "expected": w.expected,
                          "acceptance rate": round(m.acceptance_rate, 2),
                          "tokens per target pass": round(m.mean_acceptance_length, 2)})

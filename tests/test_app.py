@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import frames as F
+from app import frames
+from app.classroom import REPEAT
 from app.view import show
 from specdec_core import LM
 from specdec_core.drafters import NAMES
@@ -19,7 +20,6 @@ from specdec_core.drafters import NAMES
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / "app" / "main.py")
 TIMEOUT = 240  # a cold model load plus a short run on a busy 2-core machine
-REPEAT = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat.\n\nRepeat the text exactly."
 
 
 def new_app(**controls) -> AppTest:
@@ -73,7 +73,7 @@ def test_a_newcomer_lands_on_start_here_and_every_page_is_linked_from_it():
     assert not at.exception
     assert at.title[0].value.startswith("Start here")
     # every page in pages/ is in the navigation, and the walkthrough links to every other one
-    nav = (ROOT / "app" / "main.py").read_text()
+    nav = (ROOT / "app" / "nav.py").read_text()
     pages = sorted(p.name for p in (ROOT / "pages").glob("*.py"))
     assert all(f'"pages" / "{p}"' in nav for p in pages)
     paths = re.findall(r'url_path="([^"]+)"', nav)  # every page but the default one (served at the root)
@@ -121,7 +121,7 @@ def test_stepping_and_scrubbing_change_what_is_shown(lookup_run):
     before = shown
     at.button(key="phase_back").click().run()
     assert html(at) != before
-    assert at.session_state.cursor.frame == len(F.frames(recs[1])) - 2
+    assert at.session_state.cursor.frame == len(frames.frames(recs[1])) - 2
     at.button(key="back").click().run()
     assert at.subheader[0].value.startswith(f"Step 1 of {len(recs)}")
     at.slider(key="scrub").set_value(3).run()

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from app.classroom import REPEAT
+
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ROOT = Path(__file__).resolve().parents[1]
 SLOW_MS = 400_000  # a cold model load and a run, on a busy 2-core machine
-REPEAT = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. Repeat the text exactly."
 
 if not CHROMIUM.exists():
     pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import classroom, engines, sidebar
+from app import classroom, sidebar
 from app.runs import Settings
 from specdec_core.drafters import NAMES
+from specdec_core.serving import checklist, engines
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / "app" / "main.py")
@@ -97,7 +98,7 @@ def _state(**kw):
 def test_scenes_round_trip_through_query_params(name):
     vals = classroom.scene_values(name)
     state = _state(**vals)
-    back, errors = classroom.decode(classroom.encode(state))
+    back, errors = classroom.from_query(classroom.to_query(state))
     assert not errors
     for key in ("drafter", "draft_model", "k", "temperature", "top_p", "seed", "max_new_tokens", "workload", "prompt"):
         assert back[key] == state[key], key
@@ -106,12 +107,12 @@ def test_scenes_round_trip_through_query_params(name):
 def test_free_text_and_bad_values_in_query_params():
     state = _state(workload=sidebar.CUSTOM, prompt="Ünïcode & spaces = ok?\nline two", temperature=1.35,
                    top_p=0.85, seed=123456, k=9, drafter="draft", draft_model="./my draft", presenter=True)
-    q = classroom.encode(state)
+    q = classroom.to_query(state)
     assert q["presenter"] == "1" and q["workload"] == sidebar.CUSTOM
-    back, errors = classroom.decode(q)
+    back, errors = classroom.from_query(q)
     assert not errors and back["presenter"] is True
     assert {k: back[k] for k in q if k != "presenter"} == {k: state[k] for k in q if k != "presenter"}
-    back, errors = classroom.decode({"k": "99", "temperature": "hot", "drafter": "oracle", "seed": "5"})
+    back, errors = classroom.from_query({"k": "99", "temperature": "hot", "drafter": "oracle", "seed": "5"})
     assert back == {"seed": 5}
     assert len(errors) == 3 and any("outside 1..12" in e for e in errors) and any("oracle" in e for e in errors)
 
@@ -126,7 +127,7 @@ def new_app(**query) -> AppTest:
 
 def test_a_shared_link_opens_the_same_scene_and_the_url_follows_the_controls():
     name = "Rejections at high temperature (lookup, T = 1.5)"
-    q = classroom.encode(_state(**classroom.scene_values(name), presenter=True))
+    q = classroom.to_query(_state(**classroom.scene_values(name), presenter=True))
     at = new_app(**q)
     ss = at.session_state
     for key, val in classroom.scene_values(name).items():
@@ -225,7 +226,6 @@ def test_production_page_translates_and_runs_the_checklist():
         assert len(r.base_ids) == len(r.spec_ids) == 8 and r.base.drafted == 0
         assert r.spec.steps <= 8
     assert len(at.get("download_button")) == 2
-    from app import checklist
     md = checklist.report_markdown(s, res, engines.markdown(s))
     for r in res:
         assert f"| {r.spec.tokens} | " in md and f" {round(r.spec.acceptance_rate, 3)} |" in md

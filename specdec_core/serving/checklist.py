@@ -2,8 +2,9 @@
 on, a token diff, and acceptance, TTFT, TPOT and throughput against the plain baseline, as a report.
 
 Greedy decoding makes the two outputs comparable token by token: the exactness theorem (Leviathan et al.
-2023, Thm. 1) says they are the same sequence, so any difference is the implementation (here: bf16 ties,
-where two tokens score equally and batched and one-token forwards round differently).
+2023, Thm. 1) says they are the same sequence, so any difference is the implementation: under transformers'
+forward, a near-tie in bf16 that a many-token and a one-token pass round differently; our own forward scores
+a position the same in both.
 """
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def _md_table(df: pd.DataFrame) -> str:
 
 def report_markdown(settings, results: list[PromptResult], engines_md: str = "") -> str:
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"# Speculative decoding checklist report", "", f"Generated {when} by specdec.", "",
+    lines = ["# Speculative decoding checklist report", "", f"Generated {when} by specdec.", "",
              f"Settings: {settings.summary()} (the checklist always decodes greedily).", "",
              "## Verdict", "", verdict(results), "", "## Per prompt", "", _md_table(table(results)), "",
              "## Prompts", ""]

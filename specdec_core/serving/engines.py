@@ -1,10 +1,11 @@
-"""Road to production: our settings translated into the configuration of the serving engines the lesson names.
+"""Our settings translated into the configuration of the serving engines the lesson names.
 
-One pure function, `translate(settings)`, returns for vLLM, SGLang, TensorRT-LLM, llama.cpp and Hugging Face
-transformers: the engine's own keys for the draft source, the draft length k and the sampling settings, a
-snippet to paste, the engine's names for our metrics, and the docs each line was checked against. Where an
-engine has no counterpart for one of our settings it says "no equivalent" instead of guessing a flag.
-Engines move fast: every entry names the page it came from, so a reader can check the current spelling.
+`translate(settings)` returns, for vLLM, SGLang, TensorRT-LLM, llama.cpp and Hugging Face transformers: the
+engine's own keys for the draft source, the draft length k and the sampling settings, a snippet to paste,
+the engine's names for our metrics, and the docs the entry was checked against; `markdown(settings)` writes
+the same as Markdown for the checklist's report. Where an engine has no counterpart for one of our settings
+it says "no equivalent" instead of guessing a flag. Engines move fast: every engine lists the pages its
+entry came from, so a reader can check the current spelling.
 Leviathan et al. (ICML 2023) and Chen et al. (2023) for the algorithm; Medusa: Cai et al. (2024).
 """
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from specdec_core.drafters.lookup import PromptLookup
+
 NO = "no equivalent"
 
-# our metric -> what it means here (metrics.py, vLLM's vocabulary)
+# the metrics we report (metrics.py), in vLLM's words; EngineConfig.metrics gives each engine's own
 METRICS = ("acceptance rate", "mean acceptance length", "TTFT", "TPOT", "throughput")
 
 DOCS = {
@@ -36,8 +39,9 @@ TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tensorrt-llm": "TensorRT-LLM", "l
           "transformers": "Hugging Face transformers"}
 ENGINES = tuple(TITLES)
 
-# the n-gram sizes our lookup drafter searches (drafters/lookup.py defaults)
-LOOKUP_MAX_N, LOOKUP_MIN_N = 3, 1
+# the n-gram sizes our lookup drafter searches: read from its defaults, so the translation cannot drift
+LOOKUP_MAX_N, LOOKUP_MIN_N = PromptLookup().max_ngram, PromptLookup().min_ngram
+NGRAMS = f"{LOOKUP_MIN_N}..{LOOKUP_MAX_N}"
 
 
 @dataclass
@@ -45,8 +49,8 @@ class EngineConfig:
     engine: str
     title: str
     supported: bool                      # the draft source has a counterpart in this engine
-    speculative: dict                    # the engine's keys for the draft source and k (empty: plain decoding)
-    sampling: dict                       # the engine's keys for temperature, top-p, seed, max tokens
+    speculative: dict                    # the engine's keys for the draft source and k (empty: none apply)
+    sampling: dict                       # the engine's keys for temperature, top-p, seed, max tokens: those it has
     snippet: str                         # a command line or Python call to paste
     metrics: dict[str, str]              # our metric -> the engine's name for it, or "no equivalent ..."
     gaps: list[str] = field(default_factory=list)  # settings with no counterpart, in words
@@ -75,7 +79,7 @@ def _vllm(s) -> EngineConfig:
                     "vLLM's nearest self-drafting methods are EAGLE and MTP, which need their own checkpoints")
     supported = s.drafter == "none" or bool(spec)
     sampling = {"temperature": s.temperature, "top_p": s.top_p, "seed": s.seed, "max_tokens": s.max_new_tokens}
-    args = [f'    model="<your-target-model>",']
+    args = ['    model="<your-target-model>",']
     if spec:
         args.append(f"    speculative_config={json.dumps(spec)},")
     snippet = ("from vllm import LLM, SamplingParams\n\nllm = LLM(\n" + "\n".join(args) + "\n)\n"
@@ -97,7 +101,7 @@ def _sglang(s) -> EngineConfig:
     gaps, spec = [], {}
     if s.drafter == "lookup":
         spec = {"--speculative-algorithm": "NGRAM", "--speculative-num-draft-tokens": s.k}
-        gaps.append("SGLang's NGRAM is CUDA-only; its n-gram sizes are its own settings, not our 1..3")
+        gaps.append(f"SGLang's NGRAM is CUDA-only; its n-gram sizes are its own settings, not our {NGRAMS}")
     elif s.drafter == "draft":
         # a chain: one candidate per step (topk 1), k steps, k + 1 tokens verified (the bonus position)
         spec = {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": _draft_path(s),
@@ -163,7 +167,7 @@ def _llamacpp(s) -> EngineConfig:
     if s.drafter == "lookup":
         spec = {"--spec-type": "ngram-simple", "--draft-max": s.k, "--spec-ngram-size-n": LOOKUP_MAX_N,
                 "--spec-ngram-size-m": s.k}
-        gaps.append("ngram-simple matches one n-gram size; ours backs off from 3 to 1")
+        gaps.append(f"ngram-simple matches one n-gram size; ours backs off from {LOOKUP_MAX_N} to {LOOKUP_MIN_N}")
     elif s.drafter == "draft":
         path = _draft_path(s)
         spec = {"--model-draft": path if path.endswith(".gguf") else path + ".gguf", "--draft-max": s.k,
@@ -194,7 +198,8 @@ def _transformers(s) -> EngineConfig:
     gaps, spec = [], {}
     if s.drafter == "lookup":
         spec = {"prompt_lookup_num_tokens": s.k}
-        gaps.append("prompt lookup's n-gram size is fixed by transformers (max_matching_ngram_size), not our 1..3 back-off")
+        gaps.append("prompt lookup's n-gram size is fixed by transformers (max_matching_ngram_size), "
+                    f"not our {NGRAMS} back-off")
     elif s.drafter == "draft":
         spec = {"assistant_model": _draft_path(s), "num_assistant_tokens": s.k,
                 "num_assistant_tokens_schedule": "constant"}
@@ -221,7 +226,8 @@ def _transformers(s) -> EngineConfig:
 
 
 def translate(s) -> dict[str, EngineConfig]:
-    """Settings (app.runs.Settings or anything with its fields) -> {engine: EngineConfig}."""
+    """Settings (anything with drafter, draft_model, k, temperature, top_p, seed, max_new_tokens) ->
+    {engine: EngineConfig}."""
     if s.drafter not in ("none", "lookup", "draft", "early-exit", "medusa"):
         raise ValueError(f"unknown drafter {s.drafter!r}")
     if s.drafter != "none" and int(s.k) < 1:

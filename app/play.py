@@ -1,0 +1,63 @@
+"""Decode live, then replay: the loop the Step by step and Race pages share.
+
+A run streams its records into st.session_state under a progress bar and the text so far; the replay is
+then drawn inside an st.fragment, so play, pause, step and scrub rerun only the fragment, never the
+generation above it.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import streamlit as st
+
+from specdec_core.records import StepRecord
+
+from . import runs, view
+
+
+def slots():
+    """(live view, notices): drawn on every run, so the replay fragment after them keeps its place."""
+    return st.empty(), st.container()
+
+
+def stream(run: runs.Run, records: Iterator[StepRecord], prog, live, label: Callable[[StepRecord], str]) -> None:
+    """Append each record to the run as it is decoded, moving `prog` and redrawing the text in `live`.
+    On an error the run is marked stopped (its steps so far stay replayable) and the error goes on up."""
+    try:
+        for rec in records:
+            run.records.append(rec)
+            prog.progress(min(1.0, rec.n_generated / run.settings.max_new_tokens), text=label(rec))
+            live.html(view.text_so_far(run.records, len(run.records) - 1))
+    except Exception:
+        run.status = "stopped"
+        raise
+    run.status = "done"
+
+
+def begin(clicked: bool, generate: Callable[[], None], error: str, notices) -> None:
+    """Generate on a click; otherwise load the model now, so the first click is quick. Then show the
+    page's error (kept in st.session_state[error]) if there is one."""
+    ss = st.session_state
+    if clicked:
+        generate()
+    elif (problem := runs.warm()) is not None:
+        ss[error] = problem
+    if ss.get(error):
+        notices.error(ss[error], icon=":material/error:")
+
+
+def autoplay(body: Callable[[], None], every: Callable[[], float | None]) -> None:
+    """Draw `body` in a fragment that reruns every `every()` seconds (None: only when touched).
+
+    A fragment's run_every is fixed when the page draws it, so when `every()` changes (play, pause, a new
+    speed, the end reached), before or after `body`, the whole page reruns to redraw it with the new one."""
+    interval = every()
+
+    @st.fragment(run_every=interval)
+    def replay():
+        if every() == interval:
+            body()
+        if every() != interval:
+            st.rerun()
+
+    replay()
