@@ -81,11 +81,11 @@ def summarize(records: list[StepRecord]) -> RunMetrics:
 def timings(recs_runs: list[list], base_runs: list[list]) -> dict:
     """Where the time goes, from the StepRecords: draft seconds per drafted token, one plain target forward,
     and one verification forward over the pending token plus the drafts. c = draft per token / target forward
-    is Leviathan et al.'s cost ratio. The first step of each run is left out: its target work is the prefill."""
+    is Leviathan et al.'s cost ratio. The prefill is no step's work (engine.prefill), so every step counts."""
     drafted = sum(r.k for recs in recs_runs for r in recs)
     t_draft = sum(r.t_draft for recs in recs_runs for r in recs if r.k)
-    plain = [r.t_score for recs in base_runs for r in recs if r.index > 0]
-    verify = [r.t_score for recs in recs_runs for r in recs if r.index > 0 and r.k]
+    plain = [r.t_score for recs in base_runs for r in recs]
+    verify = [r.t_score for recs in recs_runs for r in recs if r.k]
     fwd = sum(plain) / len(plain) if plain else 0.0
     per_tok = t_draft / drafted if drafted else 0.0
     return {"draft_ms_per_token": 1e3 * per_tok, "target_forward_ms": 1e3 * fwd,

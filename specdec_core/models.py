@@ -64,13 +64,7 @@ class LM:
         return int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
 
     def new_cache(self, batch: int = 1):
-        if self.fwd is not None:
-            return self.fwd.new_cache(batch)
-        from transformers import DynamicCache
-        try:
-            return DynamicCache(config=self.model.config)
-        except TypeError:
-            return DynamicCache()
+        return self.fwd.new_cache(batch) if self.fwd is not None else dynamic_cache(self.model.config)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache, last_only: bool = False, hidden: bool = False):
@@ -143,6 +137,15 @@ class LM:
             if e is not None:
                 ids.update(e if isinstance(e, (list, tuple)) else [e])
         return ids
+
+
+def dynamic_cache(config):
+    """transformers' growing KV cache (older releases take no config)."""
+    from transformers import DynamicCache
+    try:
+        return DynamicCache(config=config)
+    except TypeError:
+        return DynamicCache()
 
 
 def cache_kw(module) -> str:

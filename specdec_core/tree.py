@@ -14,7 +14,7 @@ Compiled once, the tree gives, for T = 1 + len(paths) nodes:
   depth     [T]      0 for the root; the node's position offset after the committed context
   parent    [T]      -1 for the root
   rank      [T]      which candidate of its position the node is (-1 for the root)
-  retrieve  [L, D+1] node indices of each root-to-leaf path, -1 padded (L leaves, D = max depth)
+  children  per node, its children in rank order (verification tries them in that order)
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ class Tree:
     parent: torch.Tensor                 # [T] long
     rank: torch.Tensor                   # [T] long
     mask: torch.Tensor                   # [T, T] bool
-    retrieve: torch.Tensor               # [L, D+1] long
     children: tuple[tuple[int, ...], ...]  # per node, in rank order
 
     @property
@@ -111,16 +110,7 @@ def compile_tree(paths) -> Tree:
     kids = [[] for _ in range(T)]
     for i in range(1, T):
         kids[int(parent[i])].append(i)    # ascending index = ascending rank among siblings
-    leaves = [i for i in range(T) if not kids[i]]
-    D = int(depth.max())
-    retrieve = torch.full((len(leaves), D + 1), -1, dtype=torch.long)
-    for row, leaf in enumerate(leaves):
-        chain, n = [], leaf
-        while n >= 0:
-            chain.append(n)
-            n = int(parent[n])
-        retrieve[row, :len(chain)] = torch.tensor(chain[::-1])
-    return Tree(tuple(order), depth, parent, rank, mask, retrieve, tuple(tuple(c) for c in kids))
+    return Tree(tuple(order), depth, parent, rank, mask, tuple(tuple(c) for c in kids))
 
 
 def chain_tree(k: int) -> Tree:

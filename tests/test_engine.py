@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from specdec_core import InputError, SamplingParams, engine, load
-from specdec_core.models import LM
-from specdec_core.drafters import DrafterUnavailable, make
+from specdec_core.models import LM, dynamic_cache
+from specdec_core.drafters import Drafter, DrafterUnavailable, make
 from specdec_core.drafters.draft_model import DraftModel
 from specdec_core.sampling import probs
 from specdec_core.forward import KVCache
@@ -69,7 +69,7 @@ def assert_cache_lens(recs, prompt_len: int):
             f"step {r.index}: cache_len {r.cache_len}, expected {prompt_len} + {r.n_generated} - 1"
 
 
-class CheckedDraft:
+class CheckedDraft(Drafter):
     """Wraps DraftModel and checks, after every proposal, that its cache holds exactly the committed
     context plus the drafts it ran (rejected ones rolled back), and that each q is the draft's law."""
 
@@ -271,9 +271,13 @@ def truncated_dir(bundled, tmp_path_factory):
 
 
 def hf_greedy(lm, ids: torch.Tensor, n: int) -> list[int]:
+    """transformers' generate, greedy, continuing a cache of the prompt but its last token: the same forwards
+    the engine runs (engine.prefill), so in bf16 too they round alike."""
     ids = ids.view(1, -1).to(lm.device)
+    cache = dynamic_cache(lm.model.config)
+    lm.model(ids[:, :-1], use_cache=True, **{lm.cache_arg: cache})
     out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                            top_p=None, top_k=None, temperature=None)
+                            top_p=None, top_k=None, temperature=None, **{lm.cache_arg: cache})
     return out[0, ids.shape[1]:].tolist()
 
 
@@ -313,7 +317,7 @@ def test_greedy_fp32_exact(prompt, bundled_fp32, truncated_dir, monkeypatch, one
 @pytest.mark.parametrize("prompt", list(PROMPTS))
 def test_greedy_default_dtype_reference_forward(prompt, bundled_any, truncated_dir, one_thread):
     """transformers' forward (the reference) in the app's dtype. Plain decoding must equal generate() exactly:
-    both run the prompt, then one token per forward. Speculation verifies several tokens per forward, and
+    both run the prompt but its last token, then one token per forward. Speculation verifies several tokens per forward, and
     that forward rounds them differently in bf16, so a near-tie can flip; where the outputs part, both tokens
     must be within a few bf16 steps of the top logit, and every speculative token must be the target's argmax
     on its own prefix within that margin. Each flip is reported as a warning with its prompt and position.

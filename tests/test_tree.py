@@ -32,7 +32,8 @@ def test_compile_by_hand():
     for i, js in rows.items():
         want[i, list(js)] = True
     assert torch.equal(t.mask, want)
-    assert t.retrieve.tolist() == [[0, 1, 4, -1], [0, 2, 5, -1], [0, 1, 3, 6]]
+    leaves = [i for i in range(t.size) if not t.children[i]]
+    assert [[0] + t.path_to(i) for i in leaves] == [[0, 1, 4], [0, 2, 5], [0, 1, 3, 6]]
     assert t.children == ((1, 2), (3, 4), (5,), (6,), (), (), ())
     assert t.width == [2, 2, 1]
     assert t.path_to(6) == [1, 3, 6] and t.path_to(0) == []

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import LM, ModelError, cache_kw
+from ..models import LM, ModelError, cache_kw, dynamic_cache
 from .draft_model import CachedDraft
 from .vocab import DraftVocab
 
@@ -73,14 +73,6 @@ def trunk(target_model: nn.Module, layers: int) -> nn.Module:
     if not 1 <= layers < n:
         raise ModelError(f"early exit needs 1 <= L < {n} (the target's layer count), got L={layers}")
     return stack(target_model, list(target_model.model.layers[:layers]), nn.Identity())
-
-
-def new_cache(tr: nn.Module):
-    from transformers import DynamicCache
-    try:
-        return DynamicCache(config=tr.config)
-    except TypeError:
-        return DynamicCache()
 
 
 def save(ex: Exit, path: Path, meta: dict) -> None:
@@ -142,7 +134,7 @@ class EarlyExit(CachedDraft):
         super().__init__()
 
     def new_cache(self):
-        return self.fwd.new_cache() if self.fwd is not None else new_cache(self.net)
+        return self.fwd.new_cache() if self.fwd is not None else dynamic_cache(self.net.config)
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         logits = F.linear(h, self.head_w).float()                                                   # [.., v]
