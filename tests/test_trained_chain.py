@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec_core import SamplingParams, load, run
-from specdec_core import distill
+from specdec_core.training import distill
 from specdec_core.drafters import DrafterUnavailable, distilled, early_exit as ee, make
 from specdec_core.drafters.draft_model import DraftModel
 from specdec_core.models import LM, attach_forward

@@ -3,7 +3,7 @@
 Cai et al., "Medusa" (2024): Medusa-1 training (frozen backbone) with Medusa-2's self-distillation, i.e. the
 heads learn the target's own distributions on the target's own answers, by KL.
 
-Data: training.data() — the target's greedy answers to distill.training_prompts() with its top-64
+Data: common.data() — the target's greedy answers to distill.training_prompts() with its top-64
 log-probs at every answer position; the heads score the draft vocabulary only (drafters/vocab.py). One frozen
 target pass stores the final hidden state h_t at every answer position; head i at t is trained towards the
 target's distribution at t+1+i (the token t+2+i), weight 0.8^i.
@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from . import distill, training
-from .drafters.medusa import Heads, Medusa, head_weight, ranked
-from .tree import compile_tree, best_tree
-from .tree_step import tree_forward
+from ..drafters.medusa import Heads, Medusa, head_weight, load_heads, ranked
+from ..tree import best_tree, compile_tree
+from . import distill
+from .common import (WEIGHTS, acceptance, data, heldout, load_target, make_vocab, schedule, time_forward,
+                     vocab_desc, write_manifest)
 
 SIZES = (4, 8, 12, 16, 24, 32, 48)   # tree sizes (nodes after the root) considered
 TOPK = 8                             # ranks per head measured
@@ -43,7 +44,7 @@ def _args(argv):
     ap.add_argument("--n-prompts", type=int, default=None, help="use only the first N training prompts")
     ap.add_argument("--eval-prompts", type=int, default=6, help="held-out prompts measured")
     ap.add_argument("--eval-tokens", type=int, default=96, help="new tokens per held-out prompt")
-    ap.add_argument("--out", type=Path, default=training.WEIGHTS, help="folder for the weights and manifest")
+    ap.add_argument("--out", type=Path, default=WEIGHTS, help="folder for the weights and manifest")
     a = ap.parse_args(argv)
     if a.steps < 1 or a.batch < 1 or a.lr <= 0 or not 1 <= a.heads <= 8:
         ap.error("need --steps >= 1, --batch >= 1, --lr > 0 and 1 <= --heads <= 8")
@@ -109,7 +110,7 @@ def tree_cost(lm, sizes, reps: int = 5) -> dict[int, float]:
     for T in (0,) + tuple(sizes):
         tree = compile_tree([(r,) for r in range(T)])   # cost depends on the node count, not the shape
         nodes = torch.randint(100, 1000, (T + 1,))
-        out[T] = training.time_forward(lambda: (tree_forward(lm, cache, nodes, tree), cache.crop(-(T + 1))), reps)
+        out[T] = time_forward(lambda: (lm.tree_forward(cache, nodes, tree), cache.crop(-(T + 1))), reps)
     return out
 
 
@@ -134,12 +135,12 @@ def main(argv: list[str]) -> int:
     a = _args(argv)
     t_start = time.perf_counter()
     torch.manual_seed(a.seed)
-    lm = training.load_target(a.threads)
-    rows, desc = training.data(lm, a.n_prompts)
+    lm = load_target(a.threads)
+    rows, desc = data(lm, a.n_prompts)
     hs = hidden_states(lm, [r[0] for r in rows])
     H, tgt, IDX, LOGP = examples(rows, hs, a.heads)
     print(f"{H.shape[0]} training positions, {a.heads} heads")
-    vocab = training.make_vocab(lm, rows, a.vocab)
+    vocab = make_vocab(lm, rows, a.vocab)
     heads = Heads(H.shape[1], a.heads, vocab).train()
     head_w = head_weight(heads, lm.model.get_output_embeddings()).detach()           # [v, H] frozen, no grad
     opt = torch.optim.AdamW(heads.parameters(), lr=a.lr, weight_decay=0.0)
@@ -150,7 +151,7 @@ def main(argv: list[str]) -> int:
     bar = tqdm(range(a.steps), desc=f"train medusa ({a.heads} heads)", unit="step")
     for step in bar:
         pick = torch.randint(H.shape[0], (a.batch,), generator=gen)
-        training.schedule(opt, step, a.steps, a.lr)
+        schedule(opt, step, a.steps, a.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = F.linear(heads(H[pick].float()), head_w)                # [D, B, v]
         logq = torch.log_softmax(logits.float(), -1)
@@ -175,10 +176,9 @@ def main(argv: list[str]) -> int:
     path = a.out / "medusa.safetensors"
     save_file({"w": heads.w.detach().contiguous(), "b": heads.b.detach().contiguous(), **vocab.state()}, str(path),
               metadata={"heads": str(a.heads), "seed": str(a.seed), "vocab_size": str(lm.vocab_size)})
-    from .drafters.medusa import load_heads
     shipped, _ = load_heads(path)   # measure exactly what ships
 
-    held = training.heldout(lm, a.eval_prompts)
+    held = heldout(lm, a.eval_prompts)
     acc = head_accuracy(lm, shipped, held)
     for d, row in enumerate(acc):
         print(f"head {d} (token t+{d + 2}): top-1 {row[0]:.3f}, top-{TOPK} {sum(row):.3f}")
@@ -188,13 +188,13 @@ def main(argv: list[str]) -> int:
     print(f"tree: {size} nodes, predicted mean acceptance length {table[size]['expected_length']}")
     manifest = dict(target=lm.name, tree=[list(p) for p in paths])
     drafter = Medusa(lm, shipped, manifest=manifest)
-    res = training.acceptance(lm, drafter, distill.HELDOUT[:a.eval_prompts], drafter.default_k, a.eval_tokens)
-    training._finish("medusa", a, argv, path, dict(
+    res = acceptance(lm, drafter, distill.HELDOUT[:a.eval_prompts], drafter.default_k, a.eval_tokens)
+    write_manifest("medusa", a, argv, path, dict(
         target=lm.name, tree=[list(p) for p in paths],
         model=dict(heads=a.heads, hidden=H.shape[1], block="h + SiLU(W h + b), zero-initialised, then the "
                    "target's shared LM head (frozen, not shipped) over the draft vocabulary",
                    head_i_predicts="token t+2+i", dtype="float32"),
-        vocab=training.vocab_desc(vocab, rows, held),
+        vocab=vocab_desc(vocab, rows, held),
         data=dict(desc, positions=int(H.shape[0])), steps=a.steps, batch=a.batch, lr=a.lr,
         loss="sum_i 0.8^i KL(p_{t+1+i} || q_i) over the target's top-64 + rest",
         final_loss=[round(e, 4) for e in ema], train_seconds=round(train_s, 1),

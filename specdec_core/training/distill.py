@@ -1,15 +1,15 @@
-"""Self-distillation data: the target's own answers to a prompt set, and its distributions over them.
+"""Self-distillation data: the target's own answers to a prompt set, its distributions over them, and the loss.
 
 Trained drafters (a small draft model, an early exit, Medusa heads) learn to imitate the target, so the
 best data is what the target itself says (Medusa-2's "self-distillation", Cai et al. 2024; the draft
 distillation of DistillSpec, Zhou et al. 2024). Soft targets are the target's full next-token distribution
-at every position, kept as its top-k log-probs plus the mass of the rest: the drafter is trained by KL to p,
-not to p's argmax, so that acceptance min(1, p/q) holds up when sampling, not only when greedy.
+at every position, kept as its top-k log-probs plus the mass of the rest: the drafter is trained by KL to p
+(`soft_ce`), not to p's argmax, so that acceptance min(1, p/q) holds up when sampling, not only when greedy.
 
-Why both greedy and sampled answers: a greedy answer is exactly the context a drafter faces in greedy
-decoding (the benchmark setting); answers sampled at temperature 0.7 cover the branches a sampled decode
-walks into, so the drafter does not overfit one trajectory per prompt. `target_samples` does one pass of
-either kind; `training.py` uses one greedy pass plus one at 0.7.
+The prompts are the hand-written `PROMPTS` below plus the template ones of prompts.py (`training_prompts`);
+`HELDOUT` is never trained on. The trainers use greedy answers (temperature 0: exactly the contexts of the
+greedy benchmark); `samples_info` can also sample at a temperature, which `train --temps 0,0.7` adds as a
+second pass.
 
 Everything is cached under runs/distill/ by a hash of (model, prompts, settings), so a second call is instant.
 """
@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+
+from .prompts import expanded
 
 CACHE_DIR = Path("runs/distill")
 
@@ -222,13 +224,12 @@ HELDOUT: list[str] = [
 
 def bench_prompts() -> set[str]:
     """Every prompt of the benchmark files: never trained on."""
-    from .workloads import PROMPT_DIR, load_jsonl
+    from ..workloads import PROMPT_DIR, load_jsonl
     return {r["prompt"] for f in sorted(PROMPT_DIR.glob("*.jsonl")) for r in load_jsonl(f)}
 
 
 def training_prompts() -> list[str]:
-    """The hand-written prompts, then the template ones (distill_prompts.py), minus benchmark and held-out ones."""
-    from .distill_prompts import expanded
+    """The hand-written prompts, then the template ones (prompts.py), minus benchmark and held-out ones."""
     return PROMPTS + expanded(exclude=set(PROMPTS) | set(HELDOUT) | bench_prompts())
 
 
@@ -251,7 +252,11 @@ def _cached(path: Path, make):
 
 def samples_info(lm, n_prompts=None, max_new_tokens=96, seed=0, batch_size=16, temperature=0.7,
                  prompts: list[str] | None = None) -> dict:
-    """Like `target_samples` but returns the whole cached record: seqs, prompt_lens, settings, seconds."""
+    """The target's own answers, as the whole cached record: seqs, prompt_lens, settings, seconds.
+
+    Each seq is prompt ids (chat template) + answer ids (through eos if it stopped); prompt_lens says where
+    each answer starts. temperature 0 is greedy; otherwise plain sampling at that temperature (no top-k/top-p),
+    seeded. Batch size changes padding only; it is not part of the cache key."""
     prompts = list(PROMPTS if prompts is None else prompts)[:n_prompts]
     if not prompts:
         raise ValueError("no prompts to distil from")
@@ -260,21 +265,6 @@ def samples_info(lm, n_prompts=None, max_new_tokens=96, seed=0, batch_size=16, t
     settings = dict(prompts=prompts, max_new_tokens=max_new_tokens, seed=seed, temperature=temperature)
     path = CACHE_DIR / f"samples-{_key(lm, **settings)}.pt"
     return _cached(path, lambda: _generate(lm, prompts, max_new_tokens, seed, batch_size, temperature))
-
-
-def target_samples(lm, n_prompts=None, max_new_tokens=96, seed=0, batch_size=16, temperature=0.7,
-                   prompts: list[str] | None = None) -> list[list[int]]:
-    """The target's own answers: prompt ids (chat template) + answer ids (through eos if it stopped).
-
-    temperature 0 is greedy; otherwise plain sampling at that temperature (no top-k/top-p), seeded.
-    Batch size changes padding only; it is not part of the cache key."""
-    return samples_info(lm, n_prompts, max_new_tokens, seed, batch_size, temperature, prompts)["seqs"]
-
-
-def prompt_lens(lm, n_prompts=None, max_new_tokens=96, seed=0, batch_size=16, temperature=0.7,
-                prompts: list[str] | None = None) -> list[int]:
-    """Where each answer of `target_samples` (same arguments) starts."""
-    return samples_info(lm, n_prompts, max_new_tokens, seed, batch_size, temperature, prompts)["prompt_lens"]
 
 
 @torch.inference_mode()
@@ -346,7 +336,7 @@ def soft_ce(logq: torch.Tensor, idx: torch.Tensor, logp: torch.Tensor) -> torch.
 
     Equals KL(p || q) up to p's entropy, with p's tail lumped into one bucket: -sum_top p log q
     - p_rest log q_rest. Entries with logp = -inf are dropped into the rest (a draft vocabulary that lacks
-    them, vocab.py). Mean over rows."""
+    them, drafters/vocab.py). Mean over rows."""
     p = logp.exp()                                                    # [N, K]; 0 where logp = -inf
     lq = logq.gather(-1, idx.long())                                  # [N, K]
     p_rest = (1 - p.sum(-1)).clamp_min(0)                             # [N]
