@@ -11,13 +11,11 @@ tied head, which makes a draft forward about half as costly here; q is zero for 
 """
 from __future__ import annotations
 
-import copy
 import json
 import weakref
 from pathlib import Path
 
 import torch
-
 from torch import nn
 
 from ..models import BUNDLED_NAME, LM, ModelError, attach_forward

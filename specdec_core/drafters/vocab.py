@@ -8,8 +8,6 @@ output distribution is unchanged; only acceptance can drop, by at most the targe
 """
 from __future__ import annotations
 
-from collections import Counter
-
 import torch
 
 
@@ -52,7 +50,7 @@ class DraftVocab:
 
     def targets(self, idx: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k soft targets (target ids) -> draft rows; entries outside the vocabulary get p = 0 and their
-        mass joins the rest bucket of distill.soft_ce."""
+        mass joins the rest bucket of training.distill.soft_ce."""
         d = self.t2d[idx.long()]
         return d.clamp_min(0), logp.masked_fill(d < 0, float("-inf"))
 

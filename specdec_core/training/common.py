@@ -67,6 +67,15 @@ def load_target(threads: int):
     return load("bundled", dtype="bf16", device="cpu")
 
 
+def prepare(a, temps=(0.0,)):
+    """What every trainer starts from: seeded, the target loaded, its answers taken (one pass per temperature),
+    the draft vocabulary picked -> (lm, rows, description, vocab)."""
+    torch.manual_seed(a.seed)
+    lm = load_target(a.threads)
+    rows, desc = data(lm, a.n_prompts, temps)
+    return lm, rows, desc, make_vocab(lm, rows, a.vocab)
+
+
 def data(lm, n_prompts=None, temps=(0.0,)) -> tuple[list[tuple], dict]:
     """[(seq, answer_start, idx, logp)] from one pass per temperature, and a description for the manifest."""
     rows, passes = [], []

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from ..drafters import distilled
 from ..drafters.draft_model import DraftModel
 from . import distill
-from .common import (acceptance, chain_parser, data, fit, heldout, load_target, make_vocab, parse_chain_args,
-                     target_step_cost, vocab_desc, write_manifest)
+from .common import (acceptance, chain_parser, fit, heldout, parse_chain_args, prepare, target_step_cost,
+                     vocab_desc, write_manifest)
 
 STEPS = 1800  # sized to finish within 30 minutes on 2 quiet cores
 
@@ -29,10 +27,7 @@ def main(argv: list[str]) -> int:
 
 def train_draft(a, argv) -> int:
     t_start = time.perf_counter()
-    torch.manual_seed(a.seed)
-    lm = load_target(a.threads)
-    rows, desc = data(lm, a.n_prompts, [float(x) for x in a.temps.split(",")])
-    vocab = make_vocab(lm, rows, a.vocab)
+    lm, rows, desc, vocab = prepare(a, [float(x) for x in a.temps.split(",")])
     layers = [int(x) for x in a.init_layers.split(",")]
     m = distilled.from_target(lm.model, layers).train()
     m.model.embed_tokens.weight.requires_grad_(False)  # shared with the target at load time: must not move

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from ..drafters import early_exit as ee
 from . import distill
-from .common import (acceptance, chain_parser, data, fit, heldout, load_target, make_vocab, parse_chain_args,
-                     target_step_cost, time_forward, vocab_desc, write_manifest)
+from .common import (acceptance, chain_parser, fit, heldout, parse_chain_args, prepare, target_step_cost,
+                     time_forward, vocab_desc, write_manifest)
 
 STEPS = 700  # sized to finish within 30 minutes on 2 quiet cores
 
@@ -29,10 +29,7 @@ def main(argv: list[str]) -> int:
 
 def train_early_exit(a, argv) -> int:
     t_start = time.perf_counter()
-    torch.manual_seed(a.seed)
-    lm = load_target(a.threads)
-    rows, desc = data(lm, a.n_prompts, [float(x) for x in a.temps.split(",")])
-    vocab = make_vocab(lm, rows, a.vocab)
+    lm, rows, desc, vocab = prepare(a, [float(x) for x in a.temps.split(",")])
     cands = sorted({int(x) for x in a.layers.split(",")})
     model = lm.model
     exits = {L: ee.Exit.for_target(model, L, vocab).train() for L in cands}

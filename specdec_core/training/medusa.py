@@ -24,8 +24,7 @@ from tqdm.auto import tqdm
 from ..drafters.medusa import Heads, Medusa, head_weight, load_heads, ranked
 from ..tree import best_tree, compile_tree
 from . import distill
-from .common import (WEIGHTS, acceptance, data, heldout, load_target, make_vocab, schedule, time_forward,
-                     vocab_desc, write_manifest)
+from .common import (WEIGHTS, acceptance, heldout, prepare, schedule, time_forward, vocab_desc, write_manifest)
 
 SIZES = (4, 8, 12, 16, 24, 32, 48)   # tree sizes (nodes after the root) considered
 TOPK = 8                             # ranks per head measured
@@ -134,13 +133,10 @@ def choose_tree(acc, cost: dict[int, float]):
 def main(argv: list[str]) -> int:
     a = _args(argv)
     t_start = time.perf_counter()
-    torch.manual_seed(a.seed)
-    lm = load_target(a.threads)
-    rows, desc = data(lm, a.n_prompts)
+    lm, rows, desc, vocab = prepare(a)
     hs = hidden_states(lm, [r[0] for r in rows])
     H, tgt, IDX, LOGP = examples(rows, hs, a.heads)
     print(f"{H.shape[0]} training positions, {a.heads} heads")
-    vocab = make_vocab(lm, rows, a.vocab)
     heads = Heads(H.shape[1], a.heads, vocab).train()
     head_w = head_weight(heads, lm.model.get_output_embeddings()).detach()           # [v, H] frozen, no grad
     opt = torch.optim.AdamW(heads.parameters(), lr=a.lr, weight_decay=0.0)
