@@ -1,10 +1,9 @@
 """Shared machinery of the measurement pages (workloads, temperature, batch size, draft length, output contract).
 
-A measurement is a stream of points: each is drawn as soon as it is measured (a progress bar and a plotly chart
-redrawn after every point), and the finished result is kept in st.session_state under the page's key, so a rerun
+The measuring itself is specdec_core.bench's; this module is its Streamlit side. A measurement is a stream of
+points: each is drawn as soon as it is measured (a progress bar and a plotly chart redrawn after every point),
+and the finished result is kept in st.session_state under the page's key, so a rerun
 (any click) shows it again without recomputing. A measurement cut off by a rerun keeps the points it made.
-Baseline and speculative runs are measured one after the other in this process, never at the same time, so they
-do not share the CPU (speedup as in Leviathan et al. 2023: tokens/s with speculation over tokens/s without).
 """
 from __future__ import annotations
 
@@ -19,10 +18,8 @@ import plotly.graph_objects as go
 import streamlit as st
 from scipy.stats import chi2_contingency
 
-from specdec_core import InputError, SamplingParams, drafters, engine
-from specdec_core.batch import run_batch
-from specdec_core.metrics import per_position, tested, timings
-from specdec_core.workloads import WORKLOADS
+from specdec_core import InputError, SamplingParams, drafters
+from specdec_core.bench.workloads import WORKLOADS
 
 from . import runs
 from .runs import Settings, UserError
@@ -228,82 +225,6 @@ def sampling(temperature: float, s: Settings, seed: int | None = None) -> Sampli
         return SamplingParams(float(temperature), 0, float(s.top_p), int(s.seed if seed is None else seed))
     except InputError as e:
         raise UserError(str(e)) from e
-
-
-# -- side-by-side runs -------------------------------------------------------------------------------------------
-
-def side_by_side(tgt, prompts: list[list[int]], sp: SamplingParams, k: int | None, max_new: int,
-                 specs: list[tuple[str, object]], tick: Callable[[str], None] | None = None):
-    """Each prompt: plain decoding once, then each drafter, one after the other.
-    -> (baseline runs, {name: runs}) with each run = (ids, records, metrics)."""
-    base, spec = [], {n: [] for n, _ in specs}
-    none = drafters.make("none", tgt)
-    for i, ids in enumerate(prompts):
-        base.append(engine.run(tgt, none, ids, sp=sp, max_new_tokens=max_new, detail=False))
-        if tick:
-            tick(f"prompt {i + 1}, plain")
-        for n, lm in specs:
-            spec[n].append(engine.run(tgt, drafters.make(n, tgt, lm), ids, sp=sp, k=k, max_new_tokens=max_new,
-                                      detail=False))
-            if tick:
-                tick(f"prompt {i + 1}, {n}")
-    return base, spec
-
-
-def point(base: list[tuple], spec: list[tuple]) -> dict:
-    """One row from paired runs (same prompts, same settings): the metrics of the design notes."""
-    def agg(rs):
-        ms = [m for _, _, m in rs]
-        tok, sec = sum(m.tokens for m in ms), sum(m.total_s for m in ms)
-        later = sum(max(0, m.tokens - 1) for m in ms)
-        return {"tokens": tok, "tokens_per_s": tok / sec if sec else 0.0,
-                "ttft_ms": 1e3 * sum(m.ttft_s for m in ms) / len(ms),
-                "tpot_ms": 1e3 * sum(m.total_s - m.ttft_s for m in ms) / later if later else 0.0,
-                "steps": sum(m.steps for m in ms), "drafted": sum(m.drafted for m in ms),
-                "accepted": sum(m.accepted for m in ms),
-                "target_forwards": sum(m.target_forwards for m in ms)}
-    b, s = agg(base), agg(spec)
-    tried, ok = per_position(r for _, recs, _ in spec for r in recs)
-    return {**compare(s, b, s["steps"], sum(a[0] == c[0] for a, c in zip(base, spec)), len(base)),
-            "per_position_acceptance": [o / t if t else 0.0 for o, t in zip(ok, tried)],
-            "per_position_tried": tried, "tested": tested(r for _, recs, _ in spec for r in recs),
-            **timings([recs for _, recs, _ in spec], [recs for _, recs, _ in base])}
-
-
-def compare(s: dict, b: dict, steps: int, identical: int, prompts: int) -> dict:
-    """One table row: speculative totals `s` against baseline totals `b` (tokens, timings, counts)."""
-    return {"acceptance_rate": s["accepted"] / s["drafted"] if s["drafted"] else 0.0,
-            "mean_acceptance_length": s["tokens"] / steps if steps else 0.0,
-            "ttft_ms": s["ttft_ms"], "baseline_ttft_ms": b["ttft_ms"],
-            "tpot_ms": s["tpot_ms"], "baseline_tpot_ms": b["tpot_ms"],
-            "tokens_per_s": s["tokens_per_s"], "baseline_tokens_per_s": b["tokens_per_s"],
-            "speedup": s["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else 0.0,
-            "tokens": s["tokens"], "drafted": s["drafted"], "accepted": s["accepted"],
-            "target_forwards": s["target_forwards"], "baseline_target_forwards": b["target_forwards"],
-            "identical_outputs": identical, "prompts": prompts}
-
-
-def batch_point(tgt, rows: list[list[int]], sp: SamplingParams, k: int | None, max_new: int,
-                specs: list[tuple[str, object]], tick=None) -> dict[str, dict]:
-    """One batch of len(rows) sequences decoded together (batch.py), plain and per drafter -> {name: row}."""
-    def one(name, lm):
-        res = run_batch(tgt, lambda: drafters.make(name, tgt, lm), rows, sp=sp, k=k, max_new_tokens=max_new)
-        tok = sum(len(t) for t in res.tokens)
-        sec, first = res.steps[-1].elapsed, res.steps[0].elapsed
-        per_row = tok / len(rows)
-        if tick:
-            tick(f"batch of {len(rows)}, {name}")
-        return {"tokens": tok, "tokens_per_s": tok / sec if sec else 0.0, "ttft_ms": 1e3 * first,
-                "tpot_ms": 1e3 * (sec - first) / (per_row - 1) if per_row > 1 else 0.0,
-                "drafted": sum(sum(s.drafted) for s in res.steps), "accepted": sum(sum(s.accepted) for s in res.steps),
-                "row_steps": sum(s.active for s in res.steps), "target_forwards": res.steps[-1].target_forwards,
-                "ids": res.tokens}
-    b = one("none", None)
-    out = {}
-    for n, lm in specs:
-        s = one(n, lm)
-        out[n] = compare(s, b, s["row_steps"], sum(x == y for x, y in zip(b["ids"], s["ids"])), len(rows))
-    return out
 
 
 # -- drawing -----------------------------------------------------------------------------------------------------

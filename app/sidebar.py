@@ -7,7 +7,7 @@ import streamlit as st
 
 from specdec_core import drafters
 from specdec_core.sampling import MAX_TEMPERATURE
-from specdec_core.workloads import WORKLOADS
+from specdec_core.bench.workloads import WORKLOADS
 
 from .runs import BUNDLED, FORWARDS, Settings
 

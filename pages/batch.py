@@ -6,9 +6,9 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app import measure, runs, sidebar
-from specdec_core import sweeps
-from specdec_core.workloads import WORKLOADS
+from app import measure, sidebar
+from specdec_core.bench import sweeps
+from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_batch"
 SIZES = [1, 2, 4, 8, 16, 32, 64]
@@ -76,7 +76,7 @@ def points(tgt, specs, live):
     sp = measure.sampling(s.temperature, s)
     for n, lm in specs:
         for p in sweeps.sweep_batch(tgt, n, ids, sizes, k=s.k, temperature=sp.temperature,
-                                    max_new_tokens=max_new, seed=s.seed, draft_lm=lm, tick=lambda: live.tick(n)):
+                                    max_new_tokens=max_new, seed=s.seed, draft_lm=lm, tick=live.tick):
             p["drafter"] = measure.label(n, s)
             yield p
 

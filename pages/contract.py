@@ -11,9 +11,10 @@ import torch
 
 from app import measure, runs, sidebar
 from app.view import show
-from specdec_core import SamplingParams, drafters, engine, invariance
+from specdec_core import SamplingParams, drafters, engine
+from specdec_core.bench import invariance
 from specdec_core.sampling import probs
-from specdec_core.workloads import WORKLOADS
+from specdec_core.bench.workloads import WORKLOADS
 
 KEY_G, KEY_S, KEY_F = "measure_contract_greedy", "measure_contract_sampled", "measure_contract_forwards"
 # the fixed prompt set: the first two prompts of each single-request workload

@@ -7,9 +7,10 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app import measure, runs, sidebar
-from specdec_core.sweeps import expected_speedup, expected_tokens_per_step, theory
-from specdec_core.workloads import WORKLOADS
+from app import measure, sidebar
+from specdec_core.bench import sweeps
+from specdec_core.bench.theory import expected_speedup, expected_tokens_per_step, theory
+from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_k"
 KS = list(range(1, 13))
@@ -94,10 +95,10 @@ def points(tgt, specs, live):
     ids = measure.encode(tgt, WORKLOADS[wl].prompts[:n_prompts])
     sp = measure.sampling(s.temperature, s)
     for n, lm in specs:
-        for k in ks:
-            base, spec = measure.side_by_side(tgt, ids, sp, k, max_new, [(n, lm)],
-                                              lambda what: live.tick(f"{n}, k = {k}, {what}"))
-            yield {"drafter": measure.label(n, s), "k": k, **measure.point(base, spec[n])}
+        for p in sweeps.sweep_k(tgt, n, ids, ks, temperature=sp.temperature, max_new_tokens=max_new, seed=sp.seed,
+                                top_p=sp.top_p, draft_lm=lm, tick=lambda what: live.tick(f"{n}, {what}")):
+            p["drafter"] = measure.label(n, s)
+            yield p
 
 
 def sweep() -> None:

@@ -6,9 +6,9 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app import measure, runs, sidebar
-from specdec_core import sweeps
-from specdec_core.workloads import WORKLOADS
+from app import measure, sidebar
+from specdec_core.bench import sweeps
+from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_temperature"
 TEMPS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
@@ -71,13 +71,13 @@ def points(tgt, specs, live):
         measure.sampling(t, s)   # a clear message for a bad value, before any work
     for n, lm in specs:
         for p in sweeps.sweep_temperature(tgt, n, ids, temps, k=s.k, max_new_tokens=max_new, seed=s.seed,
-                                          top_p=s.top_p, draft_lm=lm, tick=lambda: live.tick(n)):
+                                          top_p=s.top_p, draft_lm=lm, tick=lambda what: live.tick(f"{n}, {what}")):
             p["drafter"] = measure.label(n, s)
             yield p
 
 
 def sweep() -> None:
-    measure.measure(KEY, params, names, s, lambda specs: len(specs) * len(temps) * n_prompts, points, figure,
+    measure.measure(KEY, params, names, s, lambda specs: 2 * len(specs) * len(temps) * n_prompts, points, figure,
                     "Sweeping")
 
 

@@ -5,8 +5,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import measure, runs, sidebar
-from specdec_core.workloads import WORKLOADS
+from app import measure, sidebar
+from specdec_core.bench import sweeps
+from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_workloads"
 BATCH_SIZES = [4, 8, 16, 32, 64]
@@ -85,15 +86,15 @@ def points(tgt, specs, live):
         if w.batch_size > 1:   # one large batch through batch.py, the way a server batches requests
             ids = measure.encode(tgt, w.prompts)
             rows = [ids[i % len(ids)] for i in range(batch)]
-            out = measure.batch_point(tgt, rows, sp, s.k, max_new, specs, live.tick)
+            out = sweeps.batch_point(tgt, rows, sp, s.k, max_new, specs, live.tick)
             for n, _ in specs:
                 yield row(name, measure.label(n, s), out[n], batch)
         else:
             ids = measure.encode(tgt, w.prompts[:n_prompts])
-            base, spec = measure.side_by_side(tgt, ids, sp, s.k, max_new, specs,
-                                              lambda what: live.tick(f"{name}, {what}"))
+            base, spec = sweeps.side_by_side(tgt, ids, sp, s.k, max_new, specs,
+                                             lambda what: live.tick(f"{name}, {what}"))
             for n, _ in specs:
-                yield row(name, measure.label(n, s), measure.point(base, spec[n]), len(ids))
+                yield row(name, measure.label(n, s), sweeps.point(base, spec[n]), len(ids))
 
 
 def total(specs) -> int:

@@ -175,7 +175,7 @@ def _hf_generate(target: LM, ids, max_new: int, lookup: bool) -> tuple[int, floa
 def cmd_bench(args) -> int:
     import pandas as pd
     from tqdm import tqdm
-    from .workloads import load_jsonl
+    from .bench.workloads import load_jsonl
     rows_in = [r for f in args.prompts for r in load_jsonl(f)]
     sp = _check_early(args)
     for d in args.drafter:
@@ -244,8 +244,8 @@ def _floats(s: str, what: str) -> list[float]:
 
 def cmd_sweep(args) -> int:
     from tqdm import tqdm
-    from . import sweeps
-    from .workloads import load_jsonl
+    from .bench import sweeps, theory
+    from .bench.workloads import load_jsonl
     rows = load_jsonl(args.prompts)[:args.limit]
     if args.drafter not in NAMES:
         raise DrafterUnavailable(f"unknown drafter {args.drafter!r}; choose from {', '.join(NAMES)}")
@@ -256,15 +256,16 @@ def cmd_sweep(args) -> int:
         vals = _floats(args.temperatures, "temperatures")
         for t in vals:
             SamplingParams(t)  # validate before any work
-        bar = tqdm(total=len(vals) * len(prompts), desc="sweep temperature", file=sys.stderr)
+        bar = tqdm(total=2 * len(vals) * len(prompts), desc="sweep temperature", file=sys.stderr)
         pts = sweeps.sweep_temperature(target, args.drafter, prompts, vals, k=args.k,
                                        max_new_tokens=args.max_new_tokens, seed=args.seed, top_p=args.top_p,
-                                       draft_lm=draft_lm, tick=bar.update)
+                                       draft_lm=draft_lm, tick=lambda _: bar.update())
     elif args.axis == "k":
         vals = [int(x) for x in _floats(args.ks, "ks")]
-        bar = tqdm(total=len(vals) * len(prompts), desc="sweep k", file=sys.stderr)
+        bar = tqdm(total=2 * len(vals) * len(prompts), desc="sweep k", file=sys.stderr)
         pts = sweeps.sweep_k(target, args.drafter, prompts, vals, temperature=args.temperature,
-                             max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm, tick=bar.update)
+                             max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
+                             tick=lambda _: bar.update())
     else:
         vals = [int(x) for x in _floats(args.batch_sizes, "batch-sizes")]
         if any(b < 1 for b in vals):
@@ -272,7 +273,7 @@ def cmd_sweep(args) -> int:
         bar = tqdm(total=2 * len(vals), desc="sweep batch", file=sys.stderr)
         pts = sweeps.sweep_batch(target, args.drafter, prompts, vals, k=args.k, temperature=args.temperature,
                                  max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
-                                 tick=bar.update)
+                                 tick=lambda _: bar.update())
     table = []
     for p in pts:
         table.append(p)
@@ -284,9 +285,9 @@ def cmd_sweep(args) -> int:
         key = {"temperature": "temperature", "k": "k", "batch": "batch_size"}[args.axis]
         cols = [key, "acceptance_rate", "mean_acceptance_length", "tokens_per_s", "baseline_tokens_per_s", "speedup"]
         if args.axis == "k":  # Leviathan et al.'s prediction from alpha and c pooled over every k measured
-            th = sweeps.theory(table)[args.drafter]
+            th = theory.theory(table)[args.drafter]
             for p in table:
-                p["predicted_speedup"] = sweeps.expected_speedup(th["alpha"], p["k"], th["c"])
+                p["predicted_speedup"] = theory.expected_speedup(th["alpha"], p["k"], th["c"])
             cols.append("predicted_speedup")
             print(f"alpha = {th['alpha']:.3f} (accepted / tested), c = {th['c']:.3f} (draft ms per token "
                   f"{th['draft_ms']:.2f} / target forward ms {th['forward_ms']:.2f})")
@@ -295,7 +296,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_bench_forward(args) -> int:
-    from .bench_forward import bench_forward
+    from .bench.forward import bench_forward
     report = bench_forward(args)
     if args.json:
         print(json.dumps(report))

@@ -5,7 +5,7 @@ import torch
 
 from specdec_core import InputError, SamplingParams, load, make_drafter, run
 from specdec_core.batch import run_batch
-from specdec_core.sweeps import sweep_batch
+from specdec_core.bench.sweeps import sweep_batch
 from specdec_core.drafters.draft_model import DraftModel
 from specdec_core.drafters.lookup import PromptLookup
 from specdec_core.drafters.medusa import WEIGHTS as MEDUSA_WEIGHTS, Heads, Medusa

@@ -14,7 +14,7 @@ from specdec_core.batch import run_batch
 from specdec_core.forward import Forward, Unsupported
 from specdec_core.models import LM, attach_forward, pick_dtype
 from specdec_core.tree import compile_tree
-from specdec_core.workloads import load_jsonl
+from specdec_core.bench.workloads import load_jsonl
 
 TEXT = ("Extract the names from: Alice met Bob in Paris; Bob later wrote to Carol. Names: Alice, Bob, Carol. "
         "Now write a Python function that returns the sum of a list of numbers.")

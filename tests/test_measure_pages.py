@@ -9,8 +9,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.measure import two_sample
-from specdec_core.sweeps import expected_speedup
-from specdec_core.workloads import WORKLOADS
+from specdec_core.bench.theory import expected_speedup
+from specdec_core.bench.workloads import WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / "app" / "main.py")

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from specdec_core import SamplingParams
-from specdec_core.sweeps import expected_speedup, expected_tokens_per_step, sweep_k, sweep_temperature
+from specdec_core.bench.sweeps import sweep_k, sweep_temperature
+from specdec_core.bench.theory import expected_speedup, expected_tokens_per_step
 
 
 def test_expected_tokens_per_step_known_values():
@@ -47,7 +47,7 @@ def test_sweeps_on_bundled(bundled):
 def test_alpha_counts_only_the_guesses_the_target_judged():
     from types import SimpleNamespace as R
     from specdec_core.metrics import tested
-    from specdec_core.sweeps import theory
+    from specdec_core.bench.theory import theory
     recs = [R(k=4, n_accepted=2), R(k=4, n_accepted=4), R(k=0, n_accepted=0), R(k=3, n_accepted=0)]
     # 2 kept + 1 rejected, 4 kept, nothing drafted, 1 rejected (the two guesses after it were never judged)
     assert tested(recs) == 3 + 4 + 0 + 1

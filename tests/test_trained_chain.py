@@ -11,7 +11,7 @@ from specdec_core.training import distill
 from specdec_core.drafters import DrafterUnavailable, distilled, early_exit as ee, make
 from specdec_core.drafters.draft_model import DraftModel
 from specdec_core.models import LM, attach_forward
-from specdec_core.workloads import WORKLOADS
+from specdec_core.bench.workloads import WORKLOADS
 
 WEIGHTS = ee.WEIGHTS
 KINDS = ["draft", "early-exit"]

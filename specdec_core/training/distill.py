@@ -224,7 +224,7 @@ HELDOUT: list[str] = [
 
 def bench_prompts() -> set[str]:
     """Every prompt of the benchmark files: never trained on."""
-    from ..workloads import PROMPT_DIR, load_jsonl
+    from ..bench.workloads import PROMPT_DIR, load_jsonl
     return {r["prompt"] for f in sorted(PROMPT_DIR.glob("*.jsonl")) for r in load_jsonl(f)}
 
 

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from .models import LM, load
+from ..models import LM, load
 
 
 def _median_ms(fn, reps: int) -> float:
@@ -64,7 +64,7 @@ def _hf_generate(lm: LM, ids: torch.Tensor, n: int, lookup: int = 0) -> list[int
 
 def decode_rates(ours: LM, drafters: dict, prompts: list[torch.Tensor], n: int, reps: int = 1) -> dict[str, dict]:
     """Greedy tokens/s per method, medians over prompts x reps, each prompt's methods run back to back."""
-    from .engine import run
+    from ..engine import run
     rates: dict[str, list[float]] = {}
     same: dict[str, list[bool]] = {}
     methods = {"ours plain": lambda ids: run(ours, drafters["none"], ids, max_new_tokens=n, stop_at_eos=False,
@@ -95,7 +95,7 @@ def decode_rates(ours: LM, drafters: dict, prompts: list[torch.Tensor], n: int, 
 
 def bench_forward(args) -> dict:
     import pandas as pd
-    from .drafters import make
+    from ..drafters import make
     from .workloads import load_jsonl
     if args.threads:
         torch.set_num_threads(args.threads)

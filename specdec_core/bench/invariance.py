@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .engine import run
-from .models import LM
+from ..engine import run
+from ..models import LM
 
 
 @dataclass
@@ -49,7 +49,7 @@ def compare(lm: LM, make_drafter, prompt: list[int], k: int, max_new_tokens: int
             probe: int | None = None) -> Drift:
     """Greedy plain vs speculative (`make_drafter()` at draft length k) on one forward. The probe position is
     the first difference, or `probe` (e.g. where another forward drifted) when the outputs are identical."""
-    from .drafters import make
+    from ..drafters import make
     plain = run(lm, make("none", lm), prompt, k=0, max_new_tokens=max_new_tokens, detail=False)[0]
     spec = run(lm, make_drafter(), prompt, k=k, max_new_tokens=max_new_tokens, detail=False)[0]
     j = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)

@@ -1,0 +1,138 @@
+"""The house plan holds: rooms import only downwards, no module circle, no private name crosses a module, and
+docs/architecture.md's diagram is the import graph as it stands. `python tests/test_architecture.py` prints
+the diagram's block from the code."""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "architecture.md"
+
+# room -> the rooms it may import (itself included)
+ALLOWED = {
+    "decoding": {"decoding"},
+    "training": {"training", "decoding", "bench"},
+    "bench": {"bench", "decoding"},
+    "serving": {"serving", "decoding"},
+    "cli": {"cli", "decoding", "training", "bench"},
+    "app": {"app", "decoding", "bench", "serving"},
+    "pages": {"app", "decoding", "bench", "serving"},
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for top in ("specdec_core", "app", "pages"):
+        for p in sorted((ROOT / top).rglob("*.py")):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = p
+    return out
+
+
+def room(mod: str) -> str:
+    parts = mod.split(".")
+    if parts[0] in ("app", "pages"):
+        return parts[0]
+    if len(parts) > 1 and parts[1] in ("training", "bench", "serving"):
+        return parts[1]
+    if mod in ("specdec_core.cli", "specdec_core.__main__"):
+        return "cli"
+    return "decoding"
+
+
+def imports(mod: str, path: Path, known: set[str]):
+    """-> [(imported module, names taken from it, at module level?)] for the project's own modules."""
+    tree = ast.parse(path.read_text())
+    is_pkg = path.name == "__init__.py"
+    top_level = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [a.name for a in node.names]
+            sub = [f"{target}.{n}" for n in names if f"{target}.{n}" in known]
+            if sub:   # `from . import tree_step`: the submodules themselves
+                out += [(s, [], id(node) in top_level) for s in sub]
+                names = [n for n in names if f"{target}.{n}" not in known]
+            if target in known and (names or not sub):
+                out.append((target, names, id(node) in top_level))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, [], id(node) in top_level) for a in node.names if a.name in known]
+    return out
+
+
+def graph():
+    mods = modules()
+    known = set(mods)
+    return mods, {m: imports(m, p, known) for m, p in mods.items()}
+
+
+def room_edges() -> set[tuple[str, str]]:
+    _, g = graph()
+    return {(room(a), room(b)) for a, deps in g.items() for b, _, _ in deps if room(a) != room(b)}
+
+
+def mermaid() -> str:
+    lines = ["flowchart TD"] + [f"  {a} --> {b}" for a, b in sorted(room_edges())]
+    return "\n".join(lines)
+
+
+def test_rooms_import_only_downwards():
+    _, g = graph()
+    bad = [(a, b) for a, deps in g.items() for b, _, _ in deps if room(b) not in ALLOWED[room(a)]]
+    assert not bad, f"imports against the house plan: {bad}"
+
+
+def test_engine_imports_no_streamlit():
+    mods, _ = graph()
+    bad = [m for m, p in mods.items() if m.startswith("specdec_core")
+           and re.search(r"^\s*(import|from)\s+streamlit", p.read_text(), re.M)]
+    assert not bad, bad
+
+
+def test_no_module_circle():
+    """Module-level imports form no cycle (a package's lazy imports inside functions do not count)."""
+    _, g = graph()
+    edges = {a: {b for b, _, top in deps if top and b != a} for a, deps in g.items()}
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for n in edges.get(m, ()):
+            if state.get(n) == 1:
+                raise AssertionError(f"import circle: {' -> '.join(stack[stack.index(n):] + [n])}")
+            if not state.get(n):
+                visit(n, stack + [n])
+        state[m] = 2
+
+    for m in edges:
+        if not state.get(m):
+            visit(m, [m])
+
+
+def test_no_private_name_crosses_a_module():
+    _, g = graph()
+    bad = [(a, b, n) for a, deps in g.items() for b, names, _ in deps for n in names
+           if n.startswith("_") and not n.startswith("__")]
+    assert not bad, bad
+
+
+def test_the_diagram_is_the_code():
+    block = re.search(r"```mermaid\n(.*?)\n```", DOC.read_text(), re.S)
+    assert block, f"{DOC.name} has no mermaid block"
+    assert block.group(1).strip() == mermaid(), \
+        f"{DOC.name}'s diagram is stale; `python tests/test_architecture.py` prints the current one"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(mermaid() + "\n")
