@@ -44,11 +44,18 @@ class Result:
     extra: dict = field(default_factory=dict)        # page-specific data beyond the table (e.g. histograms)
 
 
-def settle(key: str) -> None:
-    """At the top of a page: a measurement still marked running was cut off by a rerun, so it stops there."""
+def settle(key: str, **defaults) -> None:
+    """At the top of a page: a measurement still marked running was cut off by a rerun, so it stops there;
+    `defaults` are the page's control values on a first visit."""
     r = st.session_state.get(key)
     if r is not None and r.status == "running":
         r.status = "stopped"
+    for k, v in defaults.items():
+        st.session_state.setdefault(k, v)
+
+
+def workload_or_first(name: str) -> str:
+    return name if name in WORKLOADS else next(iter(WORKLOADS))
 
 
 def stored(key: str) -> Result | None:

@@ -12,10 +12,7 @@ from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_batch"
 SIZES = [1, 2, 4, 8, 16, 32, 64]
-ss = st.session_state
-measure.settle(KEY)
-ss.setdefault("bs_workload", "batch" if "batch" in WORKLOADS else next(iter(WORKLOADS)))
-ss.setdefault("bs_max_new", 32)
+measure.settle(KEY, bs_workload=measure.workload_or_first("batch"), bs_max_new=32)
 
 st.title("Batch size: when does speculation stop paying?")
 st.markdown(

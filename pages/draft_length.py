@@ -14,11 +14,7 @@ from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_k"
 KS = list(range(1, 13))
-ss = st.session_state
-measure.settle(KEY)
-ss.setdefault("k_workload", "extraction" if "extraction" in WORKLOADS else next(iter(WORKLOADS)))
-ss.setdefault("k_prompts", 2)
-ss.setdefault("k_max_new", 32)
+measure.settle(KEY, k_workload=measure.workload_or_first("extraction"), k_prompts=2, k_max_new=32)
 
 st.title("Draft length k: how far ahead should the drafter guess?")
 st.markdown(

@@ -14,11 +14,7 @@ KEY = "measure_temperature"
 TEMPS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
 PANELS = [("acceptance_rate", "acceptance rate", ".0%"), ("mean_acceptance_length", "tokens per step", ".2f"),
           ("speedup", "speedup (×)", ".2f")]
-ss = st.session_state
-measure.settle(KEY)
-ss.setdefault("temp_workload", "extraction" if "extraction" in WORKLOADS else next(iter(WORKLOADS)))
-ss.setdefault("temp_prompts", 2)
-ss.setdefault("temp_max_new", 32)
+measure.settle(KEY, temp_workload=measure.workload_or_first("extraction"), temp_prompts=2, temp_max_new=32)
 
 st.title("Temperature: does speculation survive hot sampling?")
 st.markdown(

@@ -11,12 +11,8 @@ from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_workloads"
 BATCH_SIZES = [4, 8, 16, 32, 64]
-ss = st.session_state
-measure.settle(KEY)
-ss.setdefault("wl_which", list(WORKLOADS))
-ss.setdefault("wl_prompts", 3)
-ss.setdefault("wl_max_new", 32)
-ss.setdefault("wl_batch", WORKLOADS["batch"].batch_size if "batch" in WORKLOADS else 32)
+measure.settle(KEY, wl_which=list(WORKLOADS), wl_prompts=3, wl_max_new=32,
+               wl_batch=WORKLOADS["batch"].batch_size if "batch" in WORKLOADS else 32)
 
 st.title("Workloads: where does speculation pay?")
 st.markdown(
