@@ -196,6 +196,16 @@ def label(name: str, s: Settings) -> str:
     return f"draft ({s.draft_model})" if name == "draft" else name
 
 
+def sweep_points(sweep: Callable, tgt, specs: list[tuple[str, object]], prompts: list, values: list, s: Settings,
+                 live: Live, **kw) -> Iterable[dict]:
+    """Each drafter's points from one of bench.sweeps' sweeps, labelled as the pages show them; every run ticks
+    the progress bar."""
+    for n, lm in specs:
+        for p in sweep(tgt, n, prompts, values, draft_lm=lm, tick=lambda what: live.tick(f"{n}, {what}"), **kw):
+            p["drafter"] = label(n, s)
+            yield p
+
+
 def resolve(names: list[str], s: Settings, tgt) -> tuple[list[tuple[str, object]], list[str]]:
     """(name, draft_lm) for each drafter that can be built; a plain-words note for each that cannot."""
     ok, notes = [], []

@@ -71,11 +71,8 @@ def figure(rows: list[dict]) -> go.Figure:
 def points(tgt, specs, live):
     ids = measure.encode(tgt, WORKLOADS[wl].prompts)
     sp = measure.sampling(s.temperature, s)
-    for n, lm in specs:
-        for p in sweeps.sweep_batch(tgt, n, ids, sizes, k=s.k, temperature=sp.temperature,
-                                    max_new_tokens=max_new, seed=s.seed, draft_lm=lm, tick=live.tick):
-            p["drafter"] = measure.label(n, s)
-            yield p
+    yield from measure.sweep_points(sweeps.sweep_batch, tgt, specs, ids, sizes, s, live, k=s.k,
+                                    temperature=sp.temperature, max_new_tokens=max_new, seed=s.seed)
 
 
 def sweep() -> None:

@@ -90,11 +90,8 @@ def figure(rows: list[dict]) -> go.Figure:
 def points(tgt, specs, live):
     ids = measure.encode(tgt, WORKLOADS[wl].prompts[:n_prompts])
     sp = measure.sampling(s.temperature, s)
-    for n, lm in specs:
-        for p in sweeps.sweep_k(tgt, n, ids, ks, temperature=sp.temperature, max_new_tokens=max_new, seed=sp.seed,
-                                top_p=sp.top_p, draft_lm=lm, tick=lambda what: live.tick(f"{n}, {what}")):
-            p["drafter"] = measure.label(n, s)
-            yield p
+    yield from measure.sweep_points(sweeps.sweep_k, tgt, specs, ids, ks, s, live, temperature=sp.temperature,
+                                    max_new_tokens=max_new, seed=sp.seed, top_p=sp.top_p)
 
 
 def sweep() -> None:

@@ -65,11 +65,8 @@ def points(tgt, specs, live):
     ids = measure.encode(tgt, WORKLOADS[wl].prompts[:n_prompts])
     for t in temps:
         measure.sampling(t, s)   # a clear message for a bad value, before any work
-    for n, lm in specs:
-        for p in sweeps.sweep_temperature(tgt, n, ids, temps, k=s.k, max_new_tokens=max_new, seed=s.seed,
-                                          top_p=s.top_p, draft_lm=lm, tick=lambda what: live.tick(f"{n}, {what}")):
-            p["drafter"] = measure.label(n, s)
-            yield p
+    yield from measure.sweep_points(sweeps.sweep_temperature, tgt, specs, ids, temps, s, live, k=s.k,
+                                    max_new_tokens=max_new, seed=s.seed, top_p=s.top_p)
 
 
 def sweep() -> None:

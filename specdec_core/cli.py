@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 from .drafters import NAMES, DrafterUnavailable, make
 from .engine import run
@@ -159,22 +158,10 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _hf_generate(target: LM, ids, max_new: int, lookup: bool) -> tuple[int, float, list[int]]:
-    import torch
-    kw = {"prompt_lookup_num_tokens": 10} if lookup else {}
-    x = ids.view(1, -1).to(target.device)
-    t = time.perf_counter()
-    with torch.inference_mode():
-        out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
-                                    do_sample=False, pad_token_id=target.tokenizer.eos_token_id, **kw)
-    el = time.perf_counter() - t
-    new = out[0, x.shape[1]:].tolist()
-    return len(new), el, new
-
-
 def cmd_bench(args) -> int:
     import pandas as pd
     from tqdm import tqdm
+    from .bench.sweeps import per_prompt
     from .bench.workloads import load_jsonl
     rows_in = [r for f in args.prompts for r in load_jsonl(f)]
     sp = _check_early(args)
@@ -183,34 +170,15 @@ def cmd_bench(args) -> int:
             raise DrafterUnavailable(f"unknown drafter {d!r}; choose from {', '.join(NAMES)}")
     target, draft_lm = _models(args)
     drafters = {"none": make("none", target)} | {d: make(d, target, draft_lm) for d in args.drafter if d != "none"}
-    warm = target.encode("Hello")
-    for dr in drafters.values():  # first calls pay one-off costs (allocator, kernels); keep them out of the figures
-        run(target, dr, warm, sp=sp, max_new_tokens=8)
-    if args.hf:
-        _hf_generate(target, warm, 8, False), _hf_generate(target, warm, 8, True)
+    rows = rows_in * args.repeat
+    prompts = [target.encode(row["prompt"], raw=args.raw) for row in rows]
+    meta = [{"id": row["id"], "category": row.get("category", "")} for row in rows]
     out = []
-    for row in tqdm(rows_in * args.repeat, desc="bench", file=sys.stderr):
-        ids = target.encode(row["prompt"], raw=args.raw)
-        base = None
-        for name, dr in drafters.items():
-            toks, recs, m = run(target, dr, ids, sp=sp, k=args.k, max_new_tokens=args.max_new_tokens,
-                                detail=False)
-            base = base or (m, toks)
-            r = {"id": row["id"], "category": row.get("category", ""), "drafter": name,
-                 "k": max((rc.k for rc in recs), default=0), **m.to_dict(),
-                 "speedup": m.tokens_per_s / base[0].tokens_per_s,
-                 "same_tokens_as_baseline": toks == base[1] if sp.greedy else None}
-            out.append(r)
-        if args.hf:
-            for name, lk in (("hf-generate", False), ("hf-prompt-lookup", True)):
-                n, el, toks = _hf_generate(target, ids, args.max_new_tokens, lk)
-                out.append({"id": row["id"], "category": row.get("category", ""), "drafter": name, "k": 10 * lk,
-                            "tokens": n, "total_s": el, "tokens_per_s": n / el,
-                            "speedup": (n / el) / base[0].tokens_per_s,
-                            "same_tokens_as_baseline": toks == base[1] if sp.greedy else None})
+    for r in per_prompt(target, drafters, prompts, sp, args.k, args.max_new_tokens, args.hf, meta,
+                        lambda it: tqdm(it, desc="bench", file=sys.stderr)):
+        out.append(r)
         if args.json:
-            for r in out[-(len(drafters) + 2 * args.hf):]:
-                print(json.dumps(r), flush=True)
+            print(json.dumps(r), flush=True)
     df = pd.DataFrame(out)
     agg = df.groupby("drafter", sort=False).agg(
         prompts=("id", "count"), tokens=("tokens", "sum"), seconds=("total_s", "sum"),

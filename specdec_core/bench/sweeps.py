@@ -9,7 +9,10 @@ token-identical, and for single-sequence points the per-position acceptance and 
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterable, Iterator
+
+import torch
 
 from ..batch import run_batch
 from ..drafters import make
@@ -19,6 +22,11 @@ from ..models import LM
 from ..sampling import SamplingParams
 
 Tick = Callable[[str], None] | None   # called after each run with what was run, for progress bars
+
+
+def at(tick: Tick, where: str) -> Tick:
+    """The same progress callback, saying which point of a sweep the run belongs to."""
+    return (lambda what: tick(f"{where}, {what}")) if tick else None
 
 
 def side_by_side(tgt: LM, prompts: list[list[int]], sp: SamplingParams, k: int | None, max_new: int,
@@ -99,7 +107,8 @@ def sweep_temperature(target: LM, drafter: str, prompts: list, temperatures: Ite
                       tick: Tick = None) -> Iterator[dict]:
     for t in temperatures:
         sp = SamplingParams(float(t), 0, top_p, seed)
-        base, spec = side_by_side(target, prompts, sp, k, max_new_tokens, [(drafter, draft_lm)], tick)
+        base, spec = side_by_side(target, prompts, sp, k, max_new_tokens, [(drafter, draft_lm)],
+                                  at(tick, f"T = {t:g}"))
         yield {"temperature": float(t), "drafter": drafter, **point(base, spec[drafter])}
 
 
@@ -108,7 +117,8 @@ def sweep_k(target: LM, drafter: str, prompts: list, ks: Iterable[int], temperat
             tick: Tick = None) -> Iterator[dict]:
     sp = SamplingParams(temperature, 0, top_p, seed)
     for k in ks:
-        base, spec = side_by_side(target, prompts, sp, int(k), max_new_tokens, [(drafter, draft_lm)], tick)
+        base, spec = side_by_side(target, prompts, sp, int(k), max_new_tokens, [(drafter, draft_lm)],
+                                  at(tick, f"k = {k}"))
         yield {"k": int(k), "drafter": drafter, **point(base, spec[drafter])}
 
 
@@ -121,3 +131,42 @@ def sweep_batch(target: LM, drafter: str, prompts: list, batch_sizes: Iterable[i
         rows = [prompts[i % len(prompts)] for i in range(int(b))]
         pt = batch_point(target, rows, sp, k, max_new_tokens, [(drafter, draft_lm)], tick)
         yield {"batch_size": int(b), "drafter": drafter, **pt[drafter]}
+
+
+def hf_generate(target: LM, ids: torch.Tensor, max_new: int, lookup: bool) -> tuple[int, float, list[int]]:
+    """transformers' own greedy generate (with its prompt lookup when `lookup`) -> (tokens, seconds, ids)."""
+    kw = {"prompt_lookup_num_tokens": 10} if lookup else {}
+    x = ids.view(1, -1).to(target.device)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
+                                    do_sample=False, pad_token_id=target.tokenizer.eos_token_id, **kw)
+    el = time.perf_counter() - t
+    new = out[0, x.shape[1]:].tolist()
+    return len(new), el, new
+
+
+def per_prompt(target: LM, drafters: dict, prompts: list, sp: SamplingParams, k: int | None, max_new: int,
+               hf: bool = False, meta: list[dict] | None = None, progress=iter) -> Iterator[dict]:
+    """One row per prompt and drafter (`drafters`: name -> drafter, the baseline `none` first), one run after
+    the other; with `hf`, transformers' generate and its prompt lookup beside them. First calls pay one-off
+    costs (allocator, kernels), so every drafter decodes a short warm-up before anything is timed."""
+    warm = target.encode("Hello")
+    for dr in drafters.values():
+        run(target, dr, warm, sp=sp, max_new_tokens=8)
+    if hf:
+        hf_generate(target, warm, 8, False), hf_generate(target, warm, 8, True)
+    for i, ids in enumerate(progress(prompts)):
+        head, base = (meta[i] if meta else {}), None
+        for name, dr in drafters.items():
+            toks, recs, m = run(target, dr, ids, sp=sp, k=k, max_new_tokens=max_new, detail=False)
+            base = base or (m, toks)
+            yield {**head, "drafter": name, "k": max((rc.k for rc in recs), default=0), **m.to_dict(),
+                   "speedup": m.tokens_per_s / base[0].tokens_per_s,
+                   "same_tokens_as_baseline": toks == base[1] if sp.greedy else None}
+        if hf:
+            for name, lk in (("hf-generate", False), ("hf-prompt-lookup", True)):
+                n, el, toks = hf_generate(target, ids, max_new, lk)
+                yield {**head, "drafter": name, "k": 10 * lk, "tokens": n, "total_s": el, "tokens_per_s": n / el,
+                       "speedup": (n / el) / base[0].tokens_per_s,
+                       "same_tokens_as_baseline": toks == base[1] if sp.greedy else None}
