@@ -11,8 +11,8 @@ every row's logits are bitwise those it would get decoded alone.
 With transformers' forward ragged acceptance is handled with *holes* instead of re-packing: each step appends
 the same number of slots L to every row (as many as the longest row's pending token + draft), and a per-row
 validity mask marks the slots that hold committed tokens. Rejected drafts and padding stay in the cache but are
-masked out of every later query, and each row carries its own position ids, so every sequence sees exactly its own tokens at their own positions: at
-temperature 0 its output is what it would be decoded alone. Slots that are invalid in every row at the tail are
+masked out of every later query, and each row carries its own position ids, so every sequence sees exactly its
+own tokens at their own positions: at temperature 0 its output is what it would be decoded alone. Slots that are invalid in every row at the tail are
 cropped after each step.
 
 Candidate trees (medusa) fit that scheme too. A row's tree takes T slots, the pending token (the root) first and
@@ -230,13 +230,14 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
         if hidden and len(r) > 1:
             drafters[i].observe(h[i], len(r) - 1)
     tokens = [list(r) for r in rows]
-    n_gen, active, fwd = [0] * B, [True] * B, 0
+    active, fwd = [True] * B, 0
     for index in itertools.count():
         live = [i for i in range(B) if active[i]]
         # 1. propose, per row
         ctxs, props, steps, new = {}, {}, {}, []
         for i in live:
-            ctxs[i] = ctx = DraftContext(tokens[i], len(rows[i]), min(k, max_new_tokens - n_gen[i] - 1), sp, gen)
+            room = max_new_tokens - (len(tokens[i]) - len(rows[i]))
+            ctxs[i] = ctx = DraftContext(tokens[i], len(rows[i]), min(k, room - 1), sp, gen)
             props[i] = drafters[i].propose(ctx) if ctx.k > 0 else Proposal.empty()
             steps[i] = tree_step if props[i].tree is not None else chain_step
         # 2. score: one forward over the ragged batch; per row, the new slots' ids, offsets and who sees whom
@@ -254,8 +255,7 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
             kept = c.kept[:len(ids)]
             kv.commit(i, kept)
             tokens[i] += ids
-            n_gen[i] += len(ids)
-            active[i] = not stop and n_gen[i] < max_new_tokens
+            active[i] = not stop and len(tokens[i]) - len(rows[i]) < max_new_tokens
             drafted[i], accepted[i], committed[i] = c.draft.numel(), c.v.n_accepted, ids
             # 5. feedback
             if hidden:

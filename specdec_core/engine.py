@@ -86,9 +86,9 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
     cache = target.new_cache()
     drafter.begin(list(prompt))
     prefill(target, drafter, prompt, cache)
-    tokens, n_gen, fwd_t, fwd_d = list(prompt), 0, 0, 0
+    tokens, fwd_t, fwd_d = list(prompt), 0, 0
     for index in itertools.count():
-        ctx = DraftContext(tokens, len(prompt), min(k, max_new_tokens - n_gen - 1), sp, gen)
+        ctx = DraftContext(tokens, len(prompt), min(k, max_new_tokens - (len(tokens) - len(prompt)) - 1), sp, gen)
         t = [time.perf_counter()]
 
         # 1. propose
@@ -113,8 +113,7 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
         kept = c.kept[:len(new)]
         keep(cache, L, kept)
         tokens += new
-        n_gen += len(new)
-        stop = stop or ("length" if n_gen >= max_new_tokens else "")
+        stop = stop or ("length" if len(tokens) - len(prompt) >= max_new_tokens else "")
 
         # 5. feedback
         if drafter.reads_hidden:
