@@ -39,7 +39,7 @@ import torch
 
 from . import chain_step, tree_step
 from .drafters import DraftContext, Drafter, Proposal
-from .engine import check_context, check_run_args, until_eos
+from .engine import check_prompt, check_run_args, until_eos
 from .models import LM, cache_kw, keep
 from .sampling import InputError, SamplingParams
 
@@ -97,10 +97,10 @@ class _Holes:
         with torch.inference_mode():
             if not self.hidden:
                 out = t.model(ids.to(dev), logits_to_keep=int(last_only), **kw, **{t.cache_arg: self.cache})
-                return out.logits.float(), None
+                return t.cut(out.logits.float()), None
             dec = t.model.get_decoder()
             h = dec(input_ids=ids.to(dev), **kw, **{cache_kw(dec): self.cache}).last_hidden_state
-            return t.model.get_output_embeddings()(h[:, -1:] if last_only else h).float(), h
+            return t.cut(t.model.get_output_embeddings()(h[:, -1:] if last_only else h).float()), h
 
     def prefill(self, rows: list[list[int]]):
         """Left-padded so every prompt ends in the last slot -> hidden [B, H] of each row's last token or None."""
@@ -211,10 +211,10 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
     k = drafters[0].default_k if k is None else k
     check_run_args(k, max_new_tokens)
     rows = [[int(t) for t in (p.tolist() if torch.is_tensor(p) else p)] for p in prompts]
-    if not rows or any(not r for r in rows):
-        raise InputError("every prompt in a batch must hold at least one token")
+    if not rows:
+        raise InputError("the batch is empty: give at least one prompt")
     for r in rows:
-        check_context(target, len(r), max_new_tokens, k)
+        check_prompt(target, r, max_new_tokens, k)
     B = len(rows)
     eos = target.eos_ids if stop_at_eos else set()
     gen = torch.Generator(device=target.device).manual_seed(sp.seed)

@@ -39,6 +39,18 @@ def check_run_args(k: int, max_new_tokens: int) -> None:
         raise InputError(f"max new tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {max_new_tokens!r}")
 
 
+def check_prompt(target: LM, prompt: list[int], max_new_tokens: int, k: int) -> None:
+    """Refuse before any work: an empty prompt, an id that is no token of the target, or a prompt that with
+    the new tokens and one step's drafts passes the model's context."""
+    if not prompt:
+        raise InputError("the prompt is empty: it must hold at least one token")
+    bad = next(((j, t) for j, t in enumerate(prompt) if not 0 <= t < target.n_tokens), None)
+    if bad is not None:
+        raise InputError(f"prompt token id {bad[1]} (position {bad[0]}) is not a token of {target.name}: "
+                         f"its ids are 0..{target.n_tokens - 1}")
+    check_context(target, len(prompt), max_new_tokens, k)
+
+
 def check_context(target: LM, prompt_len: int, max_new_tokens: int, k: int) -> None:
     """Refuse before any work when the prompt, the new tokens and one step's drafts pass the model's context."""
     need = prompt_len + max_new_tokens + k
@@ -75,9 +87,7 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
     k = drafter.default_k if k is None else k
     check_run_args(k, max_new_tokens)
     prompt = [int(t) for t in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
-    if not prompt:
-        raise InputError("the prompt is empty: it must hold at least one token")
-    check_context(target, len(prompt), max_new_tokens, k)
+    check_prompt(target, prompt, max_new_tokens, k)
     eos = target.eos_ids if stop_at_eos else set()
     gen = torch.Generator(device=target.device).manual_seed(sp.seed)
     show = Show(target.tokenizer, detail)

@@ -1,7 +1,10 @@
 """Loading target and draft models, choosing device, dtype and forward, and checking that two models can pair.
 
 Speculative decoding compares p and q token id by token id (Leviathan et al. 2023), so a draft is usable
-only if its vocabulary is the target's: same token -> id map and same special tokens.
+only if its vocabulary is the target's: same token -> id map and same special tokens. LM heads are often
+padded past the tokenizer (Qwen2.5: 151,936 rows at 0.5B, 152,064 at 7B, over 151,665 tokens); those rows are
+no token at all, so every model here scores only its tokenizer's ids (`n_tokens`), and two models whose heads
+are padded differently still pair.
 
 Two forwards run the same weights: ours (forward.py: batch-invariant, static KV cache; the default) and
 transformers' own (`hf`, the reference). LM hides which one runs behind forward / tree_forward / new_cache.
@@ -46,6 +49,11 @@ class LM:
 
     def __post_init__(self):
         self.cache_arg = cache_kw(self.model)
+        self.n_tokens = token_count(self.tokenizer, self.vocab_size)
+
+    def cut(self, logits: torch.Tensor) -> torch.Tensor:
+        """[.., rows] head logits -> [.., n_tokens]: a padded head's extra rows are no token (p = 0 there)."""
+        return logits if logits.shape[-1] == self.n_tokens else logits[..., :self.n_tokens]
 
     @property
     def forward_name(self) -> str:
@@ -53,7 +61,12 @@ class LM:
 
     @property
     def vocab_size(self) -> int:
+        """Rows of the LM head (may exceed the tokenizer's ids: see n_tokens)."""
         return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def embed_rows(self) -> int:
+        return int(self.model.get_input_embeddings().weight.shape[0])
 
     @property
     def num_layers(self) -> int:
@@ -80,11 +93,11 @@ class LM:
                 h = dec(input_ids=ids.view(1, -1).to(self.device), use_cache=True,
                         **{cache_kw(dec): cache}).last_hidden_state[0]
                 head = self.model.get_output_embeddings()
-                return head(h[-1:] if last_only else h).float(), h
+                return self.cut(head(h[-1:] if last_only else h).float()), h
             kw = {self.cache_arg: cache, "use_cache": True}
             if last_only:
                 kw["logits_to_keep"] = 1
-            return self.model(ids.view(1, -1).to(self.device), **kw).logits[0].float()
+            return self.cut(self.model(ids.view(1, -1).to(self.device), **kw).logits[0].float())
         except torch.cuda.OutOfMemoryError as e:  # pragma: no cover - GPU only
             raise ModelError(f"GPU out of memory running {self.name} on {n} tokens: "
                              "use a smaller model, a shorter prompt or fewer new tokens") from e
@@ -114,7 +127,7 @@ class LM:
         out = dec(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True,
                   **{cache_kw(dec): cache})
         h = out.last_hidden_state[0]                                                     # [T, H]
-        return self.model.get_output_embeddings()(h).float(), h
+        return self.cut(self.model.get_output_embeddings()(h).float()), h
 
     def encode(self, text: str, raw: bool = False) -> torch.Tensor:
         """Prompt text -> [n] ids, through the chat template unless `raw` (or there is none)."""
@@ -137,6 +150,15 @@ class LM:
             if e is not None:
                 ids.update(e if isinstance(e, (list, tuple)) else [e])
         return ids
+
+
+def token_count(tokenizer, rows: int) -> int:
+    """How many ids are tokens: the tokenizer's size (added tokens included), at most the head's rows."""
+    try:
+        n = len(tokenizer)
+    except TypeError:
+        n = max(tokenizer.get_vocab().values()) + 1
+    return min(int(n), rows) if n else rows
 
 
 def dynamic_cache(config):
@@ -186,6 +208,8 @@ def attach_forward(lm: LM, forward: str = "ours", **kw) -> LM:
     if forward not in FORWARDS:
         raise ModelError(f"unknown forward {forward!r}; use one of {', '.join(FORWARDS)}")
     lm.fwd, lm.fallback = None, ""
+    if lm.n_tokens < lm.vocab_size and "head" not in kw:   # a padded head: score the tokens' rows only
+        kw["head"] = lm.model.get_output_embeddings().weight.detach()[:lm.n_tokens]
     if forward == "ours":
         try:
             lm.fwd = Forward.from_model(lm.model, **kw)
@@ -318,6 +342,11 @@ def vocab_diff(target: LM, draft: LM) -> list[str]:
         a, b = getattr(ta, attr, None), getattr(da, attr, None)
         if a != b:
             diffs.append(f"special token {attr} differs: target {a!r}, draft {b!r}")
+    # padded heads pair (each scores its n_tokens); but each model must read every token the other emits
+    for who, lm, other in (("draft", draft, target), ("target", target, draft)):
+        if lm.embed_rows < other.n_tokens:
+            diffs.append(f"the {who}'s embedding has {lm.embed_rows} rows but the other model emits ids up to "
+                         f"{other.n_tokens - 1} (heads: target {target.vocab_size} rows, draft {draft.vocab_size})")
     return diffs
 
 

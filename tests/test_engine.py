@@ -19,7 +19,8 @@ from specdec_core.drafters import Drafter, DrafterUnavailable, make
 from specdec_core.drafters.draft_model import DraftModel
 from specdec_core.sampling import probs
 from specdec_core.forward import KVCache
-from tests.tiny import perturbed, tiny_lm
+from specdec_core.batch import run_batch
+from tests.tiny import V, perturbed, tiny_lm
 
 TINY_PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 1, 2]
 
@@ -188,6 +189,18 @@ def tiny():
 def test_empty_prompt(tiny, prompt):
     with pytest.raises(InputError, match="empty"):
         engine.run(tiny, make("none", tiny), prompt)
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, V], [-1, 2], [1, 10 ** 6]], ids=["V", "negative", "huge"])
+def test_prompt_id_outside_the_vocabulary(tiny, prompt):
+    """Refused before any work with the id, where it is and the valid range (it crashed in the embedding)."""
+    bad = next(t for t in prompt if not 0 <= t < V)
+    for name in ("none", "lookup"):
+        with pytest.raises(InputError, match=rf"prompt token id {bad} \(position \d\) is not a token of tiny-1: "
+                                             rf"its ids are 0..{V - 1}"):
+            engine.run(tiny, make(name, tiny), prompt)
+    with pytest.raises(InputError, match=f"prompt token id {bad}"):
+        run_batch(tiny, lambda: make("lookup", tiny), [[1, 2, 3], prompt])
 
 
 def test_empty_text_prompt(tiny):

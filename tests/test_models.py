@@ -158,6 +158,47 @@ def test_different_special_tokens():
     expect_incompatible(t, d, "special token bos_token differs: target 'a', draft None")
 
 
+@pytest.mark.parametrize("t_rows,d_rows", [(16, 12), (12, 16), (16, 14)],
+                         ids=["target-head-padded", "draft-head-padded", "both-padded-differently"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_padded_heads_pair(t_rows, d_rows, temperature, one_thread):
+    """Qwen2.5-style pairs: one tokenizer (12 tokens), heads padded to different widths (as 151,936 vs 152,064
+    rows over 151,665 tokens). They pair; no padding id is ever proposed or emitted; greedy output is plain
+    decoding's. Before, this crashed with an IndexError (the target emitting or being fed a padding id)."""
+    from specdec_core import SamplingParams, engine
+    t = tiny_lm(1, vocab=t_rows, tok=TinyTok(), name="tiny-target")
+    d = tiny_lm(2, vocab=d_rows, tok=TinyTok(), name="tiny-draft")
+    check_compatible(t, d)
+    assert (t.n_tokens, d.n_tokens) == (V, V)
+    sp = SamplingParams(temperature=temperature, seed=3)
+    prompt, kw = [1, 2, 3], dict(sp=sp, max_new_tokens=40, stop_at_eos=False)
+    ids, recs, _ = engine.run(t, make("draft", t, d), prompt, k=3, **kw)
+    assert len(ids) == 40 and max(ids) < V
+    assert all(x < V for r in recs for x in r.drafted)
+    if temperature == 0:
+        plain, _, _ = engine.run(t, make("none", t), prompt, **kw)
+        assert ids == plain
+
+
+def test_padded_head_scores_only_tokens(one_thread):
+    """A padded head's extra rows never reach p: both forwards return logits over the tokenizer's ids."""
+    from specdec_core.models import attach_forward
+    t = tiny_lm(1, vocab=16, tok=TinyTok())
+    for fwd in ("ours", "hf"):
+        attach_forward(t, fwd)
+        assert t.forward(torch.tensor([1, 2, 3]), t.new_cache()).shape == (3, V)
+
+
+def test_draft_that_cannot_read_the_targets_tokens():
+    """A draft whose embedding is narrower than the tokens the target emits is refused, with the sizes."""
+    t = tiny_lm(1, vocab=V, tok=TinyTok(), name="tiny-target")
+    d = tiny_lm(2, vocab=V, tok=TinyTok(), name="tiny-draft")
+    d.model.resize_token_embeddings(V - 2)
+    d = type(d)(d.model, d.tokenizer, d.name, d.dtype, d.device)
+    expect_incompatible(t, d, f"the draft's embedding has {V - 2} rows but the other model emits ids up to "
+                              f"{V - 1}")
+
+
 def test_incompatible_directories(tmp_path):
     """The same check on real tokenizers loaded from disk."""
     save_tiny(tmp_path / "t", words=WORDS)
