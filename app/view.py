@@ -8,6 +8,7 @@ CSS classes (tok-accepted, tok-rejected, ...) double as stable hooks for the bro
 from __future__ import annotations
 
 import html
+import re
 
 import plotly.graph_objects as go
 
@@ -36,6 +37,8 @@ CSS = """
 .tok-target    { background:#eceff1; border-color:#90a4ae; color:#263238; }
 .tok-draft     { background:#f3e5f5; border:2px dashed #7b1fa2; color:#4a148c; }
 .tok-unchecked { background:#f5f5f5; border:2px dashed #bdbdbd; color:#9e9e9e; text-decoration:line-through; }
+.tok-template  { background:#f5f5f5; border:1px solid #cfd8dc; color:#90a4ae; font-size:0.8rem;
+                 font-style:italic; }
 .tok-context   { color:#78909c; font-family:ui-monospace,Menlo,Consolas,monospace; white-space:pre-wrap; }
 .strip { padding:10px 12px; border:1px solid #e0e0e0; border-radius:10px; background:#fafafa;
          line-height:2.0; }
@@ -62,15 +65,56 @@ CSS = """
 """
 
 
+# whitespace and invisible characters -> a glyph a class can see (control characters: Unicode's pictures)
+GLYPHS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍", "\x7f": "␡", "\u00a0": "⍽", "\u200b": "⟨ZWSP⟩",
+          "\u200c": "⟨ZWNJ⟩", "\u200d": "⟨ZWJ⟩", "\ufeff": "⟨BOM⟩", "\u2028": "⟨LS⟩", "\u2029": "⟨PS⟩"}
+GLYPHS.update({chr(c): chr(0x2400 + c) for c in range(0x20) if chr(c) not in GLYPHS})
+TEMPLATE = re.compile(r"<\|[^<>|\s]{1,40}\|>|</?s>")   # chat-template / special tokens: <|im_end|>, </s>
+
+
+def glyphs(piece: str, spaces: bool = True) -> str:
+    """Every whitespace and control character as a visible glyph (spaces too, unless `spaces` is False)."""
+    return "".join(GLYPHS.get(ch, ch) if spaces or ch != " " else ch for ch in piece) or "∅"
+
+
 def show(piece: str) -> str:
-    """A token piece made visible and HTML-safe: newlines and tabs get glyphs, spaces stay (white-space:pre)."""
-    s = piece.replace("\n", "↵").replace("\t", "⇥")
-    return html.escape(s if s else "∅", quote=False)
+    """One token quoted in prose or a label: every character visible, HTML-safe (a space is ␣)."""
+    return html.escape(glyphs(piece), quote=False)
 
 
-def chip(piece: str, cls: str, title: str = "", extra: str = "") -> str:
+def is_template(piece: str) -> bool:
+    return bool(TEMPLATE.fullmatch(piece.strip()))
+
+
+def chip_body(piece: str) -> str:
+    """A chip's text: a token of only whitespace/control characters shows them all as glyphs (an empty box
+    says nothing); inside a word, spaces stay spaces (the chip's edges show where they are)."""
+    blank = not piece.strip() or any(ord(ch) < 0x20 or ch in GLYPHS for ch in piece if ch not in " \n\t")
+    return html.escape(glyphs(piece, spaces=blank), quote=False)
+
+
+def chip(piece: str, cls: str, title: str = "", extra: str = "", token: int | None = None) -> str:
+    """A token chip; hover shows the raw id and text. Chat-template tokens become one muted 'template' chip."""
+    raw = f"id {token} · {piece!r}" if token is not None else ""
+    title = " · ".join(x for x in (title, raw) if x)
     t = f' title="{html.escape(title, quote=True)}"' if title else ""
-    return f'<span class="tok {cls}"{t}{extra}>{show(piece)}</span>'
+    if is_template(piece):
+        name = piece.strip().strip("<>|/") or "special"
+        return f'<span class="tok tok-template {cls}-template"{t}{extra}>template: {html.escape(name)}</span>'
+    return f'<span class="tok {cls}"{t}{extra}>{chip_body(piece)}</span>'
+
+
+def template_text(text: str) -> str:
+    """Prompt text as HTML: chat-template markers (`<|im_start|>assistant`) as muted chips, the rest escaped
+    with newlines kept (the context is prose, not tokens)."""
+    out, at = [], 0
+    for m in re.finditer(r"(<\|[^<>|\s]{1,40}\|>)([a-z]{2,12}\n)?", text):
+        out.append(html.escape(text[at:m.start()]))
+        name = (m.group(2) or "").strip() or m.group(1).strip("<>|")
+        out.append(f'<span class="tok tok-template" title="{html.escape(m.group(0), quote=True)}">'
+                   f'template: {html.escape(name)}</span>')
+        at = m.end()
+    return "".join(out) + html.escape(text[at:])
 
 
 def _find(top: list[Candidate], token: int) -> float | None:
@@ -81,12 +125,12 @@ def _find(top: list[Candidate], token: int) -> float | None:
 
 
 def position_title(pos: Position, i: int) -> str:
-    return (f"draft #{i + 1} {pos.piece!r}: p(x) = {pos.p:.3f}, q(x) = {pos.q:.3f}, "
+    return (f"draft #{i + 1} “{glyphs(pos.piece)}”: p(x) = {pos.p:.3f}, q(x) = {pos.q:.3f}, "
             f"min(1, p/q) = {pos.accept_prob:.3f}, u = {pos.u:.3f} -> {pos.verdict}")
 
 
-def committed_chips(rec: StepRecord) -> list[tuple[str, str, str]]:
-    """(piece, css class, hover text) for each token the step committed."""
+def committed_chips(rec: StepRecord) -> list[tuple[str, str, str, int]]:
+    """(piece, css class, hover text, id) for each token the step committed."""
     out = []
     for j, c in enumerate(rec.committed):
         title = f"{ORIGIN_WORDS.get(c.origin, c.origin)} (step {rec.index + 1})"
@@ -100,15 +144,15 @@ def committed_chips(rec: StepRecord) -> list[tuple[str, str, str]]:
             title += f"; target p(x) = {p:.3f}" if p is not None else ""
         else:
             title += f": p(x) = {c.p:.3f}"
-        out.append((c.piece, ORIGIN_CLASS.get(c.origin, "tok-target"), title))
+        out.append((c.piece, ORIGIN_CLASS.get(c.origin, "tok-target"), title, c.token))
     return out
 
 
-def _flow(chips: list[tuple[str, str, str]]) -> str:
+def _flow(chips: list[tuple[str, str, str, int]]) -> str:
     """Chips as running text: a line break after each newline token."""
     parts = []
-    for piece, cls, title in chips:
-        parts.append(chip(piece, cls, title))
+    for piece, cls, title, token in chips:
+        parts.append(chip(piece, cls, title, token=token))
         if "\n" in piece:
             parts.append("<br>")
     return "".join(parts)
@@ -130,11 +174,15 @@ def context_strip(prompt: str, records: list[StepRecord], i: int, f: Frame, limi
     chips = [c for r in records[:i] for c in committed_chips(r)]
     if len(chips) < limit:
         tail = prompt[-max(40, 160 - 4 * len(chips)):]
-        lead = f'<span class="tok-context">{"… " if len(tail) < len(prompt) else ""}{html.escape(tail)} </span>'
+        close, start = tail.find("|>"), tail.find("<|")
+        if close != -1 and (start == -1 or close < start):   # never start inside a template marker
+            tail = tail[close + 2:]
+        lead = (f'<span class="tok-context">{"… " if len(tail) < len(prompt) else ""}{template_text(tail)} '
+                '</span>')
     else:
         chips = chips[-limit:]
         lead = '<span class="tok-context">… </span>'
-    body = lead + "".join(chip(p, c, t) for p, c, t in chips)
+    body = lead + "".join(chip(p, c, t, token=i) for p, c, t, i in chips)
     body += '<span style="display:inline-block;width:14px"></span>'
     for j in range(f.shown):
         pos = rec.positions[j]
@@ -145,11 +193,12 @@ def context_strip(prompt: str, records: list[StepRecord], i: int, f: Frame, limi
         else:  # never checked (a rejection before it is already shown) or waiting for its turn
             gone = f.phase == RESULT or f.checked > rec.n_accepted
             cls, title = ("tok-unchecked" if gone else "tok-draft"), f"draft #{j + 1}"
-        body += chip(pos.piece, cls, title)
+        body += chip(pos.piece, cls, title, token=pos.token)
     if f.phase == RESULT and rec.committed and rec.committed[-1].origin == rec.final_kind:  # EOS may cut it
         cls = {"resampled": "tok-resampled", "bonus": "tok-bonus"}.get(rec.final_kind, "tok-target")
         p = rec.committed[-1].p if rec.committed else 0.0
-        body += chip(rec.final_piece, cls, f"{ORIGIN_WORDS.get(rec.final_kind, rec.final_kind)}: probability {p:.3f}")
+        body += chip(rec.final_piece, cls, f"{ORIGIN_WORDS.get(rec.final_kind, rec.final_kind)}: probability {p:.3f}",
+                     token=rec.final_token)
     return (f'<div class="strip-label">Context, then this step\'s drafted tokens</div>'
             f'<div class="strip context-strip">{body}</div>')
 
@@ -172,7 +221,7 @@ def verify_table(rec: StepRecord, f: Frame) -> str:
         if j < f.checked:
             verdict = {"accepted": "✓ accepted", "rejected": "✗ rejected"}.get(pos.verdict, pos.verdict)
             rows.append(
-                f'<tr class="vrow vrow-{pos.verdict}"><td>{j + 1}</td><td>{chip(pos.piece, "tok-" + pos.verdict, position_title(pos, j))}</td>'
+                f'<tr class="vrow vrow-{pos.verdict}"><td>{j + 1}</td><td>{chip(pos.piece, "tok-" + pos.verdict, position_title(pos, j), token=pos.token)}</td>'
                 f'<td>{pos.p:.3f}</td><td>{pos.q:.3f}</td><td><b>{pos.accept_prob:.3f}</b></td>'
                 f'<td style="width:38%">{gauge(pos.accept_prob, pos.u)}</td>'
                 f'<td class="verdict-{pos.verdict}">{verdict}</td></tr>')
@@ -180,7 +229,7 @@ def verify_table(rec: StepRecord, f: Frame) -> str:
             after = f.phase == RESULT or f.checked > rec.n_accepted
             label = "not checked" if after else "waiting"
             cls = "tok-unchecked" if after else "tok-draft"
-            rows.append(f'<tr class="vrow"><td>{j + 1}</td><td>{chip(pos.piece, cls)}</td><td></td><td></td>'
+            rows.append(f'<tr class="vrow"><td>{j + 1}</td><td>{chip(pos.piece, cls, token=pos.token)}</td><td></td><td></td>'
                         f'<td></td><td></td><td class="verdict-unchecked">{label}</td></tr>')
     header = ("<tr><th>#</th><th>drafted</th><th>p(x) target</th><th>q(x) draft</th><th>min(1, p/q)</th>"
               "<th>keep if u falls in the green part</th><th>verdict</th></tr>")
@@ -204,7 +253,8 @@ def phase_pills(f: Frame) -> str:
 
 
 def _label(piece: str) -> str:
-    return repr(piece)[1:-1] or "∅"
+    """A token as a chart label: every character visible (a space is ␣), template tokens named."""
+    return f"template: {piece.strip().strip('<>|/')}" if is_template(piece) else glyphs(piece)
 
 
 def bars(series: list[tuple[str, list[Candidate], str]], highlight: int | None = None, title: str = "") -> go.Figure:
@@ -224,7 +274,8 @@ def bars(series: list[tuple[str, list[Candidate], str]], highlight: int | None =
     height = 110 + len(order) * (18 + 14 * len(series))
     fig.update_layout(title=dict(text=title, font=dict(size=16)), barmode="group", height=height,
                       uniformtext=dict(minsize=12, mode="show"), bargap=0.25,
-                      margin=dict(l=10, r=30, t=40 if title else 10, b=10), xaxis=dict(range=[0, 1.12]),
+                      margin=dict(l=10, r=30, t=40 if title else 10, b=10),
+                      xaxis=dict(range=[0, 1.12], title=dict(text="probability", font=dict(size=13))),
                       legend=dict(orientation="h", yanchor="top", y=-0.06, x=0), font=dict(size=14))
     return fig
 
@@ -232,15 +283,15 @@ def bars(series: list[tuple[str, list[Candidate], str]], highlight: int | None =
 def pq_figure(pos: Position, j: int) -> go.Figure:
     q_top = pos.q_top or [Candidate(pos.token, pos.piece, 1.0)]  # a deterministic draft is a one-hot q
     return bars([("p: target", pos.p_top, P_COLOR), ("q: draft", q_top, Q_COLOR)], pos.token,
-                f"Draft #{j + 1} {_label(pos.piece)!r}: p(x) = {pos.p:.2f}, q(x) = {pos.q:.2f}")
+                f"Draft #{j + 1} “{_label(pos.piece)}”: p(x) = {pos.p:.2f}, q(x) = {pos.q:.2f}")
 
 
 def result_figure(rec: StepRecord) -> go.Figure:
     if rec.final_kind == "resampled":
         return bars([("norm(max(0, p − q))", rec.final_top, ORANGE)], rec.final_token,
-                     f"Residual distribution: resampled {_label(rec.final_piece)!r}")
+                     f"Residual distribution: resampled “{_label(rec.final_piece)}”")
     if rec.final_kind == "bonus":
         return bars([("p: target, next position", rec.final_top, BLUE)], rec.final_token,
-                     f"Bonus from p: {_label(rec.final_piece)!r}")
+                     f"Bonus from p: “{_label(rec.final_piece)}”")
     return bars([("p: target", rec.final_top, P_COLOR)], rec.final_token,
-                f"Target distribution: drew {_label(rec.final_piece)!r}")
+                f"Target distribution: drew “{_label(rec.final_piece)}”")

@@ -253,7 +253,7 @@ def draw_once(tgt, d, prompt, seed: int, k: int) -> tuple[tuple[int, ...], int, 
 
 
 def outcome(tgt, t: tuple[int, ...]) -> str:
-    return "·".join(show(tgt.tokenizer.decode([i])).replace(" ", "␣") for i in t) or "∅"
+    return "·".join(show(tgt.tokenizer.decode([i])) for i in t) or "∅"
 
 
 def reference(tgt, prompt: list[int], outs: list[tuple[int, ...]]) -> dict:

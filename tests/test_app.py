@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from app import frames
 from app.classroom import REPEAT
-from app.view import show
+from app.view import chip_body, show
 from specdec_core import LM
 from specdec_core.drafters import NAMES
 
@@ -117,7 +117,7 @@ def test_stepping_and_scrubbing_change_what_is_shown(lookup_run):
     for c in recs[1].committed:
         cls = {"draft": "tok-accepted", "resampled": "tok-resampled", "bonus": "tok-bonus",
                "target": "tok-target"}[c.origin]
-        assert f'class="tok {cls}" title="' in shown and f'>{show(c.piece)}</span>' in shown
+        assert f'class="tok {cls}" title="' in shown and f'>{chip_body(c.piece)}</span>' in shown
     before = shown
     at.button(key="phase_back").click().run()
     assert html(at) != before
@@ -134,7 +134,7 @@ def test_stepping_and_scrubbing_change_what_is_shown(lookup_run):
     text = html(at).split('class="strip text-so-far">', 1)[1]
     pos = 0
     for p in pieces:
-        i = text.find(show(p), pos)
+        i = text.find(chip_body(p), pos)
         assert i >= 0, p
         pos = i
 
@@ -150,8 +150,8 @@ def test_a_rejection_is_drawn_red_with_the_resampled_token_orange(lookup_run):
     assert rec.n_accepted < rec.k
     shown = html(at)
     bad = rec.positions[rec.n_accepted]
-    assert f'tok-rejected" title="draft #{rec.n_accepted + 1}' in shown and show(bad.piece) in shown
-    assert f'class="tok tok-resampled"' in shown and show(rec.final_piece) in shown
+    assert f'tok-rejected" title="draft #{rec.n_accepted + 1}' in shown and chip_body(bad.piece) in shown
+    assert f'class="tok tok-resampled"' in shown and chip_body(rec.final_piece) in shown
     assert "Rejected" in at.subheader[0].value
     assert at.get("plotly_chart"), "the residual distribution is charted"
     # one phase back is the verify frame of the rejected draft: its p and q are in the caption
