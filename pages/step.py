@@ -173,7 +173,7 @@ def player():
     st.html(view.text_so_far(recs, cur.step, include_last=fr.phase == frames.RESULT))
     st.html(view.legend())
     st.caption("Hover over a token to see its probabilities.")
-    _metrics(cur.step if fr.phase == frames.RESULT else cur.step - 1)
+    _metrics(cur.step)
 
     if cur.at_end(recs):
         cur.playing = False
@@ -193,28 +193,32 @@ def _drafter_info(info: dict) -> None:
         st.caption("Drafter: " + "; ".join(bits) + ".")
 
 
-def _metrics(upto: int) -> None:
-    cols = st.columns(5)
-    if upto < 0:
-        for c, name in zip(cols, ["Acceptance rate", "Mean acceptance length", "Tokens/s", "Speedup vs plain",
-                                  "Target forward passes"]):
-            c.metric(name, "—")
-        return
-    m = frames.running(recs, upto)
+NAMES = ["Acceptance rate", "Mean acceptance length", "Tokens/s", "Speedup vs plain", "Target forward passes"]
+
+
+def _metrics(step: int) -> None:
+    """The same figures for every phase of a step, labelled with what they count: the run through this
+    step, and the whole run."""
+    st.markdown(f"##### Metrics through step {step + 1} of {len(recs)}")
+    _metric_row(frames.running(recs, step), f"steps 1–{step + 1}")
+    st.markdown(f"##### Whole run: {len(recs)} steps, {recs[-1].n_generated} tokens")
+    _metric_row(frames.running(recs, len(recs) - 1), "the whole run")
+
+
+def _metric_row(m, span: str) -> None:
+    cols = st.columns(len(NAMES))
     base = run.baseline
-    cols[0].metric("Acceptance rate", f"{m.acceptance_rate:.0%}" if m.drafted else "—",
-                   help="Accepted drafted tokens / drafted tokens, up to this step")
-    cols[1].metric("Mean acceptance length", f"{m.mean_acceptance_length:.2f}",
-                   help="Tokens committed per verification step (plain decoding: 1.00)")
-    cols[2].metric("Tokens/s", f"{m.tokens_per_s:.1f}", help="Up to this step, prompt processing included")
-    cols[3].metric("Speedup vs plain", f"{m.tokens_per_s / base.tokens_per_s:.2f}×" if base and
-                   base.tokens_per_s else "—",
-                   help="Tokens/s here over tokens/s of plain decoding on the same prompt and settings"
-                        + (f" ({base.tokens_per_s:.1f} tokens/s)" if base else " (not measured: stopped early)"))
-    saved = m.tokens - m.target_forwards
-    cols[4].metric("Target forward passes", f"{m.target_forwards}",
-                   help=f"For {m.tokens} tokens; plain decoding needs one pass per token",
-                   delta=f"{saved} saved" if saved else None, delta_color="normal")
+    cols[0].metric(NAMES[0], f"{m.acceptance_rate:.0%}" if m.drafted else "—",
+                   help=f"Accepted drafted tokens / drafted tokens ({m.accepted} / {m.drafted}), {span}")
+    cols[1].metric(NAMES[1], f"{m.mean_acceptance_length:.2f}",
+                   help=f"Tokens committed per verification step, {span} (plain decoding: 1.00)")
+    cols[2].metric(NAMES[2], f"{m.tokens_per_s:.1f}", help=f"{span.capitalize()}, prompt processing included")
+    cols[3].metric(NAMES[3], f"{m.tokens_per_s / base.tokens_per_s:.2f}×" if base and base.tokens_per_s else "—",
+                   help=f"Tokens/s over {span} divided by tokens/s of plain decoding on the same prompt and settings"
+                        + (f" ({base.tokens_per_s:.1f} tokens/s, whole run)" if base else
+                           " (not measured: stopped early)"))
+    cols[4].metric(NAMES[4], f"{m.target_forwards}",
+                   help=f"For {m.tokens} tokens, {span}; plain decoding needs one pass per token")
 
 
 play.autoplay(player, interval)

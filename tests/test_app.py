@@ -174,6 +174,35 @@ def test_autoplay_advances_and_pauses(lookup_run):
     assert not at.session_state.cursor.playing
 
 
+def test_metrics_say_what_they_count_and_hold_across_a_steps_phases(lookup_run):
+    """Draft, verify and result frames of one step show the same figures, labelled 'through step n', and a
+    second row for the whole run (they used to jump between phases with nothing saying which steps counted)."""
+    at = lookup_run
+    recs = at.session_state.run.records
+    at.button(key="first").click().run()
+    at.button(key="next").click().run()          # step 2, shown whole; then back to its first frame
+    at.button(key="next").click().run()
+    at.button(key="back").click().run()
+    step = at.session_state.cursor.step
+    at.session_state.cursor.frame = 0
+    at.run()
+    seen = []
+    while at.session_state.cursor.step == step:
+        vals = [x.value for x in at.metric]
+        assert len(vals) == 10
+        seen.append(vals)
+        heads = " ".join(m.value for m in at.markdown)
+        assert f"Metrics through step {step + 1} of {len(recs)}" in heads
+        assert f"Whole run: {len(recs)} steps, {recs[-1].n_generated} tokens" in heads
+        if at.session_state.cursor.at_end(recs):
+            break
+        at.button(key="phase_next").click().run()
+    assert len(seen) == len(frames.frames(recs[step])) and all(v == seen[0] for v in seen)
+    upto, whole = frames.running(recs, step), frames.running(recs, len(recs) - 1)
+    assert seen[0][4] == str(upto.target_forwards) and seen[0][9] == str(whole.target_forwards)
+    assert seen[0][1] == f"{upto.mean_acceptance_length:.2f}" and seen[0][6] == f"{whole.mean_acceptance_length:.2f}"
+
+
 def test_the_bundled_model_drafting_for_itself_is_accepted_with_bonus_tokens():
     at = generate(new_app(drafter="draft", draft_model="bundled", k=4, temperature=0.0, max_new_tokens=10,
                           prompt="Write a Python function that adds two numbers."))
