@@ -76,7 +76,7 @@ def points(tgt, specs, live):
 
 
 def sweep() -> None:
-    measure.measure(KEY, params, names, s, lambda specs: 2 * len(specs) * len(sizes), points, figure,
+    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * len(specs) * len(sizes), points, figure,
                     "Sweeping")
 
 

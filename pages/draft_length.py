@@ -95,7 +95,7 @@ def points(tgt, specs, live):
 
 
 def sweep() -> None:
-    measure.measure(KEY, params, names, s, lambda specs: 2 * len(specs) * len(ks) * n_prompts, points, figure,
+    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * len(specs) * len(ks) * n_prompts, points, figure,
                     "Sweeping")
 
 

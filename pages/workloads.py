@@ -87,15 +87,14 @@ def points(tgt, specs, live):
                 yield row(name, measure.label(n, s), out[n], batch)
         else:
             ids = measure.encode(tgt, w.prompts[:n_prompts])
-            base, spec = sweeps.side_by_side(tgt, ids, sp, s.k, max_new, specs,
-                                             lambda what: live.tick(f"{name}, {what}"))
+            pair = sweeps.side_by_side(tgt, ids, sp, s.k, max_new, specs, lambda what: live.tick(f"{name}, {what}"))
             for n, _ in specs:
-                yield row(name, measure.label(n, s), sweeps.point(base, spec[n]), len(ids))
+                yield row(name, measure.label(n, s), sweeps.point(pair, n), len(ids))
 
 
 def total(specs) -> int:
     runs_per = [1 if WORKLOADS[n].batch_size > 1 else min(n_prompts, len(WORKLOADS[n].prompts)) for n in which]
-    return (1 + len(specs)) * sum(runs_per)
+    return (1 + len(specs)) * sum(runs_per) * sweeps.REPEATS
 
 
 def measure_all() -> None:

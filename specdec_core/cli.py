@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from .bench.sweeps import REPEATS
 from .drafters import NAMES, DrafterUnavailable, make
 from .engine import run
 from .models import BUNDLED, LM, ModelError, load
@@ -38,6 +39,12 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _repeats(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--repeats", type=int, default=None,
+                    help=f"time each plain/speculative pair this many times back to back, order alternating; the "
+                         f"speedup is the median paired ratio, with its spread (default {REPEATS})")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specdec_core", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -53,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--drafter", action="append", required=True, help="repeatable")
     b.add_argument("--hf", action="store_true",
                    help="also time transformers' generate, plain and with its prompt lookup (k=10)")
-    b.add_argument("--repeat", type=int, default=1, help="decode each prompt this many times per drafter")
+    _repeats(b)
     _common(b)
     s = sub.add_parser("sweep", help="acceptance and speedup against temperature, batch size or k")
     s.add_argument("axis", choices=["temperature", "batch", "k"])
@@ -63,6 +70,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-sizes", default="1,8,32")
     s.add_argument("--ks", default="1,2,4,8")
     s.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    _repeats(s)
     _common(s)
     f = sub.add_parser("bench-forward", help="ms per forward and greedy tok/s: our forward vs transformers'")
     f.add_argument("--context", type=int, default=200, help="tokens already in the cache (default 200)")
@@ -128,6 +136,8 @@ def _check_early(args) -> SamplingParams:
     """Everything that can be checked without a model, checked before the ~15 s load."""
     from .engine import check_run_args
     check_run_args(0 if args.k is None else args.k, args.max_new_tokens)
+    if getattr(args, "repeats", None) is not None and not 1 <= args.repeats <= 50:
+        raise InputError(f"--repeats must be an integer in [1, 50], got {args.repeats}")
     return _sp(args)
 
 
@@ -170,19 +180,20 @@ def cmd_bench(args) -> int:
             raise DrafterUnavailable(f"unknown drafter {d!r}; choose from {', '.join(NAMES)}")
     target, draft_lm = _models(args)
     drafters = {"none": make("none", target)} | {d: make(d, target, draft_lm) for d in args.drafter if d != "none"}
-    rows = rows_in * args.repeat
+    rows = rows_in
     prompts = [target.encode(row["prompt"], raw=args.raw) for row in rows]
     meta = [{"id": row["id"], "category": row.get("category", "")} for row in rows]
     out = []
     for r in per_prompt(target, drafters, prompts, sp, args.k, args.max_new_tokens, args.hf, meta,
-                        lambda it: tqdm(it, desc="bench", file=sys.stderr)):
+                        lambda it: tqdm(it, desc="bench", file=sys.stderr), args.repeats):
         out.append(r)
         if args.json:
             print(json.dumps(r), flush=True)
     df = pd.DataFrame(out)
+    df["seconds"] = df.tokens / df.tokens_per_s       # each prompt at its median repeat's speed
     agg = df.groupby("drafter", sort=False).agg(
-        prompts=("id", "count"), tokens=("tokens", "sum"), seconds=("total_s", "sum"),
-        mean_tok_s=("tokens_per_s", "mean"), mean_speedup=("speedup", "mean"))
+        prompts=("id", "count"), tokens=("tokens", "sum"), seconds=("seconds", "sum"),
+        mean_tok_s=("tokens_per_s", "mean"), mean_speedup=("speedup", "mean"), noisy=("noisy", "sum"))
     if "acceptance_rate" in df:
         agg = agg.join(df.groupby("drafter", sort=False).agg(
             acceptance_rate=("acceptance_rate", "mean"), mean_acc_len=("mean_acceptance_length", "mean"),
@@ -215,6 +226,7 @@ def cmd_sweep(args) -> int:
     from .bench import sweeps, theory
     from .bench.workloads import load_jsonl
     rows = load_jsonl(args.prompts)[:args.limit]
+    _check_early(args)
     if args.drafter not in NAMES:
         raise DrafterUnavailable(f"unknown drafter {args.drafter!r}; choose from {', '.join(NAMES)}")
     target, draft_lm = _models(args)
@@ -224,24 +236,25 @@ def cmd_sweep(args) -> int:
         vals = _floats(args.temperatures, "temperatures")
         for t in vals:
             SamplingParams(t)  # validate before any work
-        bar = tqdm(total=2 * len(vals) * len(prompts), desc="sweep temperature", file=sys.stderr)
+        bar = tqdm(total=2 * (args.repeats or REPEATS) * len(vals) * len(prompts), desc="sweep temperature",
+                   file=sys.stderr)
         pts = sweeps.sweep_temperature(target, args.drafter, prompts, vals, k=args.k,
                                        max_new_tokens=args.max_new_tokens, seed=args.seed, top_p=args.top_p,
-                                       draft_lm=draft_lm, tick=lambda _: bar.update())
+                                       draft_lm=draft_lm, tick=lambda _: bar.update(), repeats=args.repeats)
     elif args.axis == "k":
         vals = [int(x) for x in _floats(args.ks, "ks")]
-        bar = tqdm(total=2 * len(vals) * len(prompts), desc="sweep k", file=sys.stderr)
+        bar = tqdm(total=2 * (args.repeats or REPEATS) * len(vals) * len(prompts), desc="sweep k", file=sys.stderr)
         pts = sweeps.sweep_k(target, args.drafter, prompts, vals, temperature=args.temperature,
                              max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
-                             tick=lambda _: bar.update())
+                             tick=lambda _: bar.update(), repeats=args.repeats)
     else:
         vals = [int(x) for x in _floats(args.batch_sizes, "batch-sizes")]
         if any(b < 1 for b in vals):
             raise InputError(f"batch sizes must be >= 1, got {vals}")
-        bar = tqdm(total=2 * len(vals), desc="sweep batch", file=sys.stderr)
+        bar = tqdm(total=2 * (args.repeats or REPEATS) * len(vals), desc="sweep batch", file=sys.stderr)
         pts = sweeps.sweep_batch(target, args.drafter, prompts, vals, k=args.k, temperature=args.temperature,
                                  max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
-                                 tick=lambda _: bar.update())
+                                 tick=lambda _: bar.update(), repeats=args.repeats)
     table = []
     for p in pts:
         table.append(p)
@@ -251,7 +264,8 @@ def cmd_sweep(args) -> int:
     if not args.json:
         import pandas as pd
         key = {"temperature": "temperature", "k": "k", "batch": "batch_size"}[args.axis]
-        cols = [key, "acceptance_rate", "mean_acceptance_length", "tokens_per_s", "baseline_tokens_per_s", "speedup"]
+        cols = [key, "drafted", "acceptance_rate", "acceptance_lo", "acceptance_hi", "mean_acceptance_length",
+                "tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_min", "speedup_max", "noisy"]
         if args.axis == "k":  # Leviathan et al.'s prediction from alpha and c pooled over every k measured
             th = theory.theory(table)[args.drafter]
             for p in table:

@@ -33,15 +33,56 @@ def test_expected_speedup_known_values():
 
 def test_sweeps_on_bundled(bundled):
     prompts = [bundled.encode("Repeat exactly: red green blue red green blue.")]
-    pts = list(sweep_k(bundled, "lookup", prompts, [1, 4], max_new_tokens=12))
+    pts = list(sweep_k(bundled, "lookup", prompts, [1, 4], max_new_tokens=12, repeats=2))
     assert [p["k"] for p in pts] == [1, 4]
     for p in pts:
         assert p["same_tokens_as_baseline"]                     # greedy: identical output
-        assert 0.0 <= p["acceptance_rate"] <= 1.0
+        assert 0.0 <= p["acceptance_lo"] <= p["acceptance_rate"] <= p["acceptance_hi"] <= 1.0
         assert len(p["per_position_acceptance"]) <= p["k"]
         assert p["mean_acceptance_length"] <= p["k"] + 1
-    (t,) = sweep_temperature(bundled, "lookup", prompts, [0.9], max_new_tokens=12)
+        assert p["repeats"] == 2 and p["speedup_min"] <= p["speedup"] <= p["speedup_max"]
+        assert p["prompts"] == 1                                # greedy repeats are the same tokens: counted once
+    (t,) = sweep_temperature(bundled, "lookup", prompts, [0.9], max_new_tokens=12, repeats=2)
     assert t["temperature"] == 0.9 and t["tokens"] > 0 and t["baseline_tokens_per_s"] > 0
+    assert t["prompts"] == 2 and t["tokens"] == 24              # sampled repeats (seed, seed + 1) both count
+
+
+def test_the_measuring_rule_pairs_runs_and_flags_noise():
+    """A busy machine slows both sides of a pair: the paired ratio holds while raw tokens/s swing 2x (the
+    temperature page once showed 2.6x then 6.5x from such a swing); a spread of ratios marks the point noisy."""
+    from specdec_core.bench.sweeps import NOISY, ratios
+    r = ratios([28.0, 15.4, 28.2], [14.0, 7.7, 14.1])           # baseline 14 -> 7.7 tok/s between pairs
+    assert r["speedup"] == pytest.approx(2.0) and not r["noisy"] and r["repeats"] == 3
+    assert r["baseline_spread"] > 0.4                            # the machine was busy, and it says so
+    noisy = ratios([20.0, 40.0, 30.0], [10.0, 10.0, 10.0])
+    assert noisy["speedup"] == pytest.approx(3.0) and (noisy["speedup_min"], noisy["speedup_max"]) == (2.0, 4.0)
+    assert noisy["speedup_spread"] == pytest.approx(2 / 3) and 2 / 3 > NOISY and noisy["noisy"]
+
+
+def test_wilson_interval_known_values():
+    from specdec_core.bench.sweeps import wilson
+    lo, hi = wilson(45, 100)                                     # textbook: 0.3561 .. 0.5475
+    assert (lo, hi) == (pytest.approx(0.3561, abs=1e-4), pytest.approx(0.5475, abs=1e-4))
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == pytest.approx(1.0) and wilson(0, 0) == (0.0, 1.0)
+    a, b = wilson(18, 100), wilson(180, 1000)                    # more drafted tokens, a narrower interval
+    assert b[1] - b[0] < 0.4 * (a[1] - a[0])
+
+
+def test_pairs_run_back_to_back_in_alternating_order(one_thread):
+    from specdec_core.bench.sweeps import side_by_side
+    from specdec_core.sampling import SamplingParams
+    from tests.tiny import tiny_lm
+    tgt, seen = tiny_lm(1, layers=1), []
+    pair = side_by_side(tgt, [[1, 2, 3, 1, 2], [4, 5, 4, 5]], SamplingParams(temperature=1.0, seed=7), 2, 6,
+                        [("lookup", None)], seen.append, repeats=3)
+    assert seen == ["prompt 1, plain, repeat 1", "prompt 1, lookup, repeat 1",
+                    "prompt 2, plain, repeat 1", "prompt 2, lookup, repeat 1",
+                    "prompt 1, lookup, repeat 2", "prompt 1, plain, repeat 2",
+                    "prompt 2, lookup, repeat 2", "prompt 2, plain, repeat 2",
+                    "prompt 1, plain, repeat 3", "prompt 1, lookup, repeat 3",
+                    "prompt 2, plain, repeat 3", "prompt 2, lookup, repeat 3"]
+    assert pair.distinct and [len(x) for x in pair.base] == [2, 2, 2]
+    assert pair.base[0][0][0] != pair.base[1][0][0] or pair.base[0][1][0] != pair.base[1][1][0]  # seed + r
 
 
 def test_alpha_counts_only_the_guesses_the_target_judged():
