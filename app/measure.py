@@ -19,6 +19,7 @@ import streamlit as st
 from scipy.stats import chi2_contingency
 
 from specdec_core import InputError, SamplingParams, drafters
+from specdec_core.bench.sweeps import NOISY
 from specdec_core.bench.workloads import WORKLOADS
 
 from . import runs
@@ -261,7 +262,9 @@ def layout(fig: go.Figure, height: int = 420, below: bool = False, **kw) -> go.F
 
 
 def table(df: pd.DataFrame, name: str, note: str = "") -> None:
-    """The table on the page and a CSV download of exactly what it shows."""
+    """The table on the page (headers in words, wrapped to the page's width) and a CSV download of exactly
+    what it shows."""
+    df = readable(df)
     st.dataframe(df, hide_index=True, width="stretch")
     st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=f"specdec-{name}.csv",
                        mime="text/csv", key=f"{name}_csv", icon=":material/download:", on_click="ignore",
@@ -309,3 +312,66 @@ def two_sample(a: dict, b: dict, seed: int = 0, shuffles: int = 1000) -> dict:
         null.append(0.5 * np.abs(ca / na - cb / nb).sum())
     return {"tv": tv, "chi2": chi, "p_value": pval, "bins": len(cols), "tv_chance_median": float(np.median(null)),
             "tv_chance_95": float(np.quantile(null, 0.95))}
+
+
+# -- honest points: spread, noise, intervals ----------------------------------------------------------------------
+
+BUSY = 0.25   # plain decoding's speed varying by more than this between repeats: the machine was busy
+
+
+def speed_error(rows: list[dict]) -> dict:
+    """Whiskers from each point's min to max paired ratio (sweeps.ratios)."""
+    return dict(type="data", symmetric=False, thickness=1.5, width=5,
+                array=[r.get("speedup_max", r["speedup"]) - r["speedup"] for r in rows],
+                arrayminus=[r["speedup"] - r.get("speedup_min", r["speedup"]) for r in rows])
+
+
+def acceptance_error(rows: list[dict]) -> dict:
+    """Whiskers of each point's Wilson 95% interval (sweeps.wilson)."""
+    return dict(type="data", symmetric=False, thickness=1.5, width=5,
+                array=[r.get("acceptance_hi", r["acceptance_rate"]) - r["acceptance_rate"] for r in rows],
+                arrayminus=[r["acceptance_rate"] - r.get("acceptance_lo", r["acceptance_rate"]) for r in rows])
+
+
+def noisy_marks(fig: go.Figure, rows: list[dict], x: str, **where) -> None:
+    """A red ring and 'noisy: rerun' on each point whose paired ratios spread too widely to read."""
+    bad = [r for r in rows if r.get("noisy")]
+    if bad:
+        fig.add_scatter(x=[r[x] for r in bad], y=[r["speedup"] for r in bad], mode="markers+text",
+                        marker=dict(size=22, color="rgba(0,0,0,0)", line=dict(color="#b71c1c", width=2)),
+                        text=["noisy: rerun"] * len(bad), textposition="bottom center",
+                        textfont=dict(color="#b71c1c", size=12), showlegend=False, hoverinfo="skip", **where)
+
+
+def noise_note(rows: list[dict]) -> None:
+    """Above a plot: how speedups were measured, and a warning when the machine was busy or a point is noisy."""
+    if not rows:
+        return
+    reps = max(r.get("repeats", 1) for r in rows)
+    busy = max(r.get("baseline_spread", 0.0) for r in rows)
+    noisy = sum(bool(r.get("noisy")) for r in rows)
+    rule = (f"Each speedup is the median of {reps} back-to-back pairs (plain, then speculative, order "
+            f"alternating), so a busy machine slows both sides of a pair alike; whiskers span the pairs' "
+            f"min–max. Acceptance whiskers are 95% intervals from the number of drafted tokens.")
+    if busy > BUSY or noisy:
+        st.warning(f"The machine was busy while measuring: plain decoding's speed varied by up to {busy:.0%} "
+                   f"between repeats. {noisy} point{'s' if noisy != 1 else ''} spread over "
+                   f"{int(NOISY * 100)}% and {'are' if noisy != 1 else 'is'} marked "
+                   "“noisy: rerun”. " + rule, icon=":material/speed:")
+    else:
+        st.caption(rule)
+
+
+TABLE_NAMES = {"drafter": "Drafter", "temperature": "Temperature", "k": "k", "batch_size": "Batch size",
+               "acceptance_rate": "Acceptance", "acceptance_lo": "Acceptance 95% low",
+               "acceptance_hi": "Acceptance 95% high", "mean_acceptance_length": "Tokens per step",
+               "tokens_per_s": "Tokens/s (spec)", "baseline_tokens_per_s": "Tokens/s (plain)",
+               "speedup": "Speedup (median)", "speedup_min": "Speedup min", "speedup_max": "Speedup max",
+               "noisy": "Noisy", "tokens": "Tokens", "drafted": "Drafted", "accepted": "Accepted",
+               "steps": "Steps", "target_forwards": "Target passes", "baseline_target_forwards": "Plain passes",
+               "same_tokens_as_baseline": "Same tokens as plain", "repeats": "Repeats"}
+
+
+def readable(df: pd.DataFrame) -> pd.DataFrame:
+    """Column names in words, not snake_case."""
+    return df.rename(columns={c: TABLE_NAMES.get(c, c.replace("_", " ").capitalize()) for c in df.columns})

@@ -59,7 +59,8 @@ def figure(rows: list[dict]) -> go.Figure:
         fig.add_scatter(x=[r["batch_size"] for r in rs], y=[r["speedup"] for r in rs], name=d, legendgroup=d,
                         showlegend=False, mode="lines+markers+text", line=dict(color=c, width=3),
                         marker=dict(size=10), text=[f"{r['speedup']:.2f}×" for r in rs],
-                        textposition="top center", row=1, col=2)
+                        textposition="top center", row=1, col=2, error_y=measure.speed_error(rs))
+        measure.noisy_marks(fig, rs, "batch_size", row=1, col=2)
     fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c", row=1, col=2,
                   annotation_text="break-even", annotation_position="bottom right")
     fig.update_xaxes(title="batch size (requests decoded together)", type="log", tickvals=SIZES,
@@ -76,13 +77,14 @@ def points(tgt, specs, live):
 
 
 def sweep() -> None:
-    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * len(specs) * len(sizes), points, figure,
-                    "Sweeping")
+    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * len(specs) * len(sizes), points,
+                    figure, "Sweeping")
 
 
 res = measure.results(KEY, params, go_clicked, sweep,
                       "Pick drafters and batch sizes, then press **Sweep the batch size**.")
 
+measure.noise_note(res.rows)
 st.plotly_chart(figure(res.rows), key="bs_chart", width="stretch")
 df = pd.DataFrame(res.rows)
 lines = []
@@ -108,7 +110,8 @@ st.markdown(
     "length) and computes the rejected positions of every row, so its cost grows with the batch while its "
     "gain per request does not. The requests also differ: a larger batch mixes in prompts that are easier "
     "or harder to draft, which moves the acceptance rate too.")
-cols = ["drafter", "batch_size", "acceptance_rate", "mean_acceptance_length", "tokens_per_s",
-        "baseline_tokens_per_s", "speedup", "tokens", "target_forwards", "baseline_target_forwards",
+cols = ["drafter", "batch_size", "acceptance_rate", "acceptance_lo", "acceptance_hi", "drafted",
+        "mean_acceptance_length", "tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_min", "speedup_max",
+        "noisy", "tokens", "target_forwards", "baseline_target_forwards",
         "same_tokens_as_baseline"]
 measure.table(df[[c for c in cols if c in df]].round(3), "batch")

@@ -58,7 +58,9 @@ def figure(rows: list[dict]) -> go.Figure:
                         line=dict(color=c, width=2, dash="dot"), name=f"{d}: predicted (α={t['alpha']:.2f}, "
                         f"c={t['c']:.3f})", legendgroup=d, row=1, col=1)
         fig.add_scatter(x=[r["k"] for r in rs], y=[r["speedup"] for r in rs], mode="markers",
-                        marker=dict(color=c, size=12), name=f"{d}: measured", legendgroup=d, row=1, col=1)
+                        marker=dict(color=c, size=12), name=f"{d}: measured", legendgroup=d, row=1, col=1,
+                        error_y=measure.speed_error(rs))
+        measure.noisy_marks(fig, rs, "k", row=1, col=1)
         fig.add_scatter(x=grid, y=[expected_tokens_per_step(t["alpha"], k) for k in grid], mode="lines",
                         line=dict(color=c, width=2, dash="dot"), showlegend=False, legendgroup=d, row=1, col=2)
         fig.add_scatter(x=[r["k"] for r in rs], y=[r["mean_acceptance_length"] for r in rs], mode="markers",
@@ -95,13 +97,14 @@ def points(tgt, specs, live):
 
 
 def sweep() -> None:
-    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * len(specs) * len(ks) * n_prompts, points, figure,
-                    "Sweeping")
+    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * len(specs) * len(ks) * n_prompts,
+                    points, figure, "Sweeping")
 
 
 res = measure.results(KEY, params, go_clicked, sweep,
                       "Pick drafters and draft lengths, then press **Sweep the draft length**.")
 
+measure.noise_note(res.rows)
 st.plotly_chart(figure(res.rows), key="k_chart", width="stretch")
 df = pd.DataFrame(res.rows)
 th = theory(res.rows)
@@ -136,8 +139,8 @@ st.markdown(
     "once its first guesses are right, is usually copying the right span, so later positions are kept more "
     "often). Prompt lookup also drafts nothing when "
     "it finds no match, so some steps are plain decoding whatever k is.")
-cols = ["drafter", "k", "acceptance_rate", "mean_acceptance_length", "tokens_per_s", "baseline_tokens_per_s",
-        "speedup", "draft_ms_per_token", "target_forward_ms", "verify_forward_ms", "cost_ratio_c", "drafted",
+cols = ["drafter", "k", "acceptance_rate", "acceptance_lo", "acceptance_hi", "mean_acceptance_length", "tokens_per_s",
+        "baseline_tokens_per_s", "speedup", "speedup_min", "speedup_max", "noisy", "draft_ms_per_token", "target_forward_ms", "verify_forward_ms", "cost_ratio_c", "drafted",
         "accepted", "identical_outputs", "prompts"]
 out = df[cols].copy()
 out["predicted_speedup"] = [expected_speedup(th[d]["alpha"], int(k), th[d]["c"]) for d, k in zip(df["drafter"], df["k"])]

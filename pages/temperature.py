@@ -47,11 +47,14 @@ def figure(rows: list[dict]) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in PANELS], horizontal_spacing=0.07)
     for d in dict.fromkeys(r["drafter"] for r in rows):
         rs = [r for r in rows if r["drafter"] == d]
+        bars = {"acceptance_rate": measure.acceptance_error(rs), "speedup": measure.speed_error(rs)}
         for j, (col, _, fmt) in enumerate(PANELS, 1):
             fig.add_scatter(x=[r["temperature"] for r in rs], y=[r[col] for r in rs], name=d, legendgroup=d,
-                            showlegend=j == 1, mode="lines+markers", marker=dict(size=10),
+                            showlegend=j == 1, mode="lines+markers", marker=dict(size=10), error_y=bars.get(col),
                             line=dict(color=measure.color(d), width=3), row=1, col=j,
-                            hovertemplate=f"T=%{{x:g}}: %{{y:{fmt}}}<extra>{d}</extra>")
+                            customdata=[r.get("drafted", 0) for r in rs],
+                            hovertemplate=f"T=%{{x:g}}: %{{y:{fmt}}} (%{{customdata}} drafted)<extra>{d}</extra>")
+        measure.noisy_marks(fig, rs, "temperature", row=1, col=3)
     fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c", row=1, col=3)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#90a4ae", row=1, col=2)
     fig.update_xaxes(title="temperature", range=[-0.08, 1.58])
@@ -70,22 +73,27 @@ def points(tgt, specs, live):
 
 
 def sweep() -> None:
-    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * len(specs) * len(temps) * n_prompts, points, figure,
-                    "Sweeping")
+    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * len(specs) * len(temps) * n_prompts,
+                    points, figure, "Sweeping")
 
 
 res = measure.results(KEY, params, go_clicked, sweep,
                       "Pick drafters and temperatures, then press **Sweep the temperature**.")
 
+measure.noise_note(res.rows)
 st.plotly_chart(figure(res.rows), key="temp_chart", width="stretch")
 df = pd.DataFrame(res.rows)
 lines = []
 for d, g in df.groupby("drafter", sort=False):
     g = g.sort_values("temperature")
     lo, hi = g.iloc[0], g.iloc[-1]
-    lines.append(f"- `{d}`: acceptance {lo['acceptance_rate']:.0%} at T = {lo['temperature']:g} → "
-                 f"{hi['acceptance_rate']:.0%} at T = {hi['temperature']:g}; speedup {lo['speedup']:.2f}× → "
-                 f"{hi['speedup']:.2f}×.")
+    apart = lo["acceptance_lo"] > hi["acceptance_hi"] or hi["acceptance_lo"] > lo["acceptance_hi"]
+    lines.append(f"- `{d}`: acceptance {lo['acceptance_rate']:.0%} (95%: {lo['acceptance_lo']:.0%}–"
+                 f"{lo['acceptance_hi']:.0%}, {int(lo['drafted'])} drafted) at T = {lo['temperature']:g} → "
+                 f"{hi['acceptance_rate']:.0%} ({hi['acceptance_lo']:.0%}–{hi['acceptance_hi']:.0%}, "
+                 f"{int(hi['drafted'])} drafted) at T = {hi['temperature']:g}"
+                 + ("" if apart else " (the intervals overlap: more prompts or tokens would tell them apart)")
+                 + f"; speedup {lo['speedup']:.2f}× → {hi['speedup']:.2f}×.")
 st.markdown("**What we measured.**\n" + "\n".join(lines))
 st.markdown(
     "**How to read it.** Left: the share of drafted tokens the target kept. Middle: tokens committed per "
@@ -99,6 +107,7 @@ st.markdown(
     "from acceptance alone. A drafter that copies text (`lookup`) proposes one exact token with q = 1, which "
     "is kept with probability p(x): when sampling is hot, p(x) of the copied token is small, so its "
     "acceptance falls fastest.")
-cols = ["drafter", "temperature", "acceptance_rate", "mean_acceptance_length", "tokens_per_s",
-        "baseline_tokens_per_s", "speedup", "tokens", "drafted", "accepted", "steps", "same_tokens_as_baseline"]
+cols = ["drafter", "temperature", "acceptance_rate", "acceptance_lo", "acceptance_hi", "drafted",
+        "mean_acceptance_length", "tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_min", "speedup_max",
+        "noisy", "tokens", "accepted", "steps", "same_tokens_as_baseline"]
 measure.table(df[[c for c in cols if c in df]].round(3), "temperature")

@@ -51,8 +51,9 @@ def figure(rows: list[dict]) -> go.Figure:
     for d in dict.fromkeys(r["Drafter"] for r in rows):
         rs = [r for r in rows if r["Drafter"] == d]
         fig.add_bar(x=[r["name"] for r in rs], y=[r["Speedup"] for r in rs], name=d,
-                    marker_color=measure.color(d), text=[f"{r['Speedup']:.2f}×" for r in rs],
-                    textposition="outside", cliponaxis=False,
+                    marker_color=measure.color(d), cliponaxis=False,
+                    text=[f"{r['Speedup']:.2f}×" + (" noisy: rerun" if r["Noisy"] else "") for r in rs],
+                    textposition="outside", error_y=measure.speed_error([r["point"] for r in rs]),
                     customdata=[[r["Workload"], r["Acceptance rate"]] for r in rs],
                     hovertemplate="%{customdata[0]}: %{y:.2f}×, acceptance %{customdata[1]:.0%}<extra>" + d + "</extra>")
     fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c")
@@ -72,7 +73,11 @@ def row(name: str, who: str, p: dict, n: int) -> dict:
             "TTFT plain (ms)": p["baseline_ttft_ms"], "TTFT spec (ms)": p["ttft_ms"],
             "TPOT plain (ms)": p["baseline_tpot_ms"], "TPOT spec (ms)": p["tpot_ms"],
             "Throughput plain (tok/s)": p["baseline_tokens_per_s"], "Throughput spec (tok/s)": p["tokens_per_s"],
-            "Identical outputs": f"{p['identical_outputs']} of {p['prompts']}"}
+            "Speedup min": p["speedup_min"], "Speedup max": p["speedup_max"], "Noisy": p["noisy"],
+            "Acceptance 95% low": p["acceptance_lo"], "Acceptance 95% high": p["acceptance_hi"],
+            "Drafted": p["drafted"], "Identical outputs": f"{p['identical_outputs']} of {p['prompts']}",
+            "point": {k: p[k] for k in ("speedup", "speedup_min", "speedup_max", "noisy", "baseline_spread",
+                                        "repeats")}}
 
 
 def points(tgt, specs, live):
@@ -105,6 +110,7 @@ res = measure.results(KEY, params, go_clicked, measure_all,
                       "Pick drafters and press **Measure the workloads**. With the defaults this takes well under a "
                       "minute on a laptop CPU.")
 
+measure.noise_note([r["point"] for r in res.rows])
 st.plotly_chart(figure(res.rows), key="wl_chart", width="stretch")
 df = pd.DataFrame(res.rows)
 best = df.loc[df["Speedup"].idxmax()]
@@ -132,4 +138,4 @@ st.markdown(
     "verification competes with the other requests. Prompt lookup drafts only when the text repeats, which is "
     "why it does best where the answer copies the prompt.")
 num = df.select_dtypes("number").columns
-measure.table(df.drop(columns=["name"]).round({c: 3 for c in num}), "workloads")
+measure.table(df.drop(columns=["name", "point"]).round({c: 3 for c in num}), "workloads")

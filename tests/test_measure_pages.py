@@ -18,8 +18,11 @@ TIMEOUT = 300  # a cold model load plus a small sweep on a busy 2-core machine
 
 
 @pytest.fixture(autouse=True)
-def _one_thread(one_thread):
-    """On a shared 2-core machine a 2-thread pool spins against other processes; one thread is steadier."""
+def _one_thread(one_thread, monkeypatch):
+    """On a shared 2-core machine a 2-thread pool spins against other processes; one thread is steadier.
+    Two timed repeats per pair (the pages' default is sweeps.REPEATS) keep the sweeps short."""
+    from specdec_core.bench import sweeps
+    monkeypatch.setattr(sweeps, "REPEATS", 2)
 
 
 def open_page(page: str, **controls) -> AppTest:
@@ -101,7 +104,13 @@ def test_temperature_page_one_point_per_temperature():
     assert [(r["drafter"], r["temperature"]) for r in res.rows] == [("lookup", 0.0), ("lookup", 1.5)]
     for r in res.rows:
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / r["baseline_tokens_per_s"])
-    assert "acceptance" in text(at) and at.get("plotly_chart")
+        assert r["repeats"] == 2 and r["speedup_min"] <= r["speedup"] <= r["speedup_max"]
+        assert r["acceptance_lo"] <= r["acceptance_rate"] <= r["acceptance_hi"]
+        assert f"{int(r['drafted'])} drafted" in text(at)          # the count behind each acceptance point
+    assert "median of 2 back-to-back pairs" in text(at) and at.get("plotly_chart")
+    table = at.dataframe[0].value
+    assert {"Speedup min", "Speedup max", "Noisy", "Acceptance 95% low"} <= set(table.columns)
+    assert not any("_" in c for c in table.columns)               # headers in words
 
 
 def test_batch_page_speedup_per_batch_size():
@@ -137,7 +146,7 @@ def test_draft_length_page_draws_leviathan_from_measured_alpha_and_c():
     c = draft_ms / (sum(r["target_forward_ms"] for r in res.rows) / len(res.rows))
     assert float(text(at).split("c = ")[1].split("**")[0]) == pytest.approx(c, abs=5e-4)  # shown rounded
     for _, row in table.iterrows():
-        assert row["predicted_speedup"] == pytest.approx(expected_speedup(alpha, int(row["k"]), c), abs=2e-3)
+        assert row["Predicted speedup"] == pytest.approx(expected_speedup(alpha, int(row["k"]), c), abs=2e-3)
 
 
 def test_contract_page_greedy_diff_and_sampled_comparison():

@@ -54,6 +54,7 @@ def test_the_measuring_rule_pairs_runs_and_flags_noise():
     r = ratios([28.0, 15.4, 28.2], [14.0, 7.7, 14.1])           # baseline 14 -> 7.7 tok/s between pairs
     assert r["speedup"] == pytest.approx(2.0) and not r["noisy"] and r["repeats"] == 3
     assert r["baseline_spread"] > 0.4                            # the machine was busy, and it says so
+    assert r["speedup"] == r["tokens_per_s"] / r["baseline_tokens_per_s"]   # the quoted pair's own figures
     noisy = ratios([20.0, 40.0, 30.0], [10.0, 10.0, 10.0])
     assert noisy["speedup"] == pytest.approx(3.0) and (noisy["speedup_min"], noisy["speedup_max"]) == (2.0, 4.0)
     assert noisy["speedup_spread"] == pytest.approx(2 / 3) and 2 / 3 > NOISY and noisy["noisy"]

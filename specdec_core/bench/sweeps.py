@@ -47,18 +47,20 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 def ratios(spec_tps: list[float], base_tps: list[float]) -> dict:
     """The measuring rule for a speedup: pairs measured back to back (so a busy machine slows both sides of a
-    pair alike) give one ratio each; quote their median, with the min-max spread, and call the point noisy when
-    that spread passes NOISY of the median. The baseline's own spread says whether the machine was busy."""
-    r = sorted(a / b for a, b in zip(spec_tps, base_tps) if b > 0)
-    if not r:
+    pair alike) give one ratio each; quote the median pair (the lower middle one for an even count, so the
+    quoted speedup is exactly its tokens/s over its baseline's), with the min-max spread of the ratios, and call
+    the point noisy when that spread passes NOISY of the median. The baseline's own spread between repeats says
+    whether the machine was busy."""
+    pairs = sorted((a / b, i) for i, (a, b) in enumerate(zip(spec_tps, base_tps)) if b > 0)
+    if not pairs:
         return {"speedup": 0.0, "speedup_min": 0.0, "speedup_max": 0.0, "speedup_spread": 0.0, "noisy": False,
-                "baseline_spread": 0.0, "repeats": 0}
-    med = statistics.median(r)
+                "baseline_spread": 0.0, "repeats": 0, "tokens_per_s": 0.0, "baseline_tokens_per_s": 0.0}
+    med, i = pairs[(len(pairs) - 1) // 2]
     bt = [b for b in base_tps if b > 0]
-    bspread = (max(bt) - min(bt)) / statistics.median(bt)
-    spread = (r[-1] - r[0]) / med if med else 0.0
-    return {"speedup": med, "speedup_min": r[0], "speedup_max": r[-1], "speedup_spread": spread,
-            "noisy": spread > NOISY, "baseline_spread": bspread, "repeats": len(r)}
+    spread = (pairs[-1][0] - pairs[0][0]) / med if med else 0.0
+    return {"speedup": med, "speedup_min": pairs[0][0], "speedup_max": pairs[-1][0], "speedup_spread": spread,
+            "noisy": spread > NOISY, "baseline_spread": (max(bt) - min(bt)) / statistics.median(bt),
+            "repeats": len(pairs), "tokens_per_s": spec_tps[i], "baseline_tokens_per_s": base_tps[i]}
 
 
 @dataclass
@@ -125,15 +127,14 @@ def totals(rs: list[tuple]) -> dict:
 
 
 def point(pair: Paired, name: str) -> dict:
-    """One point for drafter `name`: the speedup by the measuring rule (ratios()), tokens/s as the median
-    repeat's; counts (acceptance and its interval, steps, tokens) over every repeat that drew fresh samples."""
+    """One point for drafter `name`: the speedup by the measuring rule (ratios()), tokens/s of its median pair;
+    counts (acceptance and its interval, steps, tokens) over every repeat that drew fresh samples."""
     base, spec = pair.base, pair.spec[name]
     counted = slice(None) if pair.distinct else slice(0, 1)
     flat = lambda rr: [x for rep in rr[counted] for x in rep]
     b, s = totals(flat(base)), totals(flat(spec))
     b_tps = [totals(rep)["tokens_per_s"] for rep in base]
     s_tps = [totals(rep)["tokens_per_s"] for rep in spec]
-    b["tokens_per_s"], s["tokens_per_s"] = statistics.median(b_tps), statistics.median(s_tps)
     same = sum(a[0] == c[0] for ra, rc in zip(base[counted], spec[counted]) for a, c in zip(ra, rc))
     recs = [r for _, rr, _ in flat(spec) for r in rr]
     tried, ok = per_position(recs)
@@ -167,10 +168,9 @@ def batch_point(tgt: LM, rows: list[list[int]], sp: SamplingParams, k: int | Non
         for n, lm in (order if r % 2 == 0 else order[::-1]):
             got[n].append(one(n, lm, spr))
     out = {}
+    b = got["none"][0]
     for n, _ in specs:
-        s = dict(got[n][0])
-        s["tokens_per_s"] = statistics.median(x["tokens_per_s"] for x in got[n])
-        b = dict(got["none"][0], tokens_per_s=statistics.median(x["tokens_per_s"] for x in got["none"]))
+        s = got[n][0]
         timing = ratios([x["tokens_per_s"] for x in got[n]], [x["tokens_per_s"] for x in got["none"]])
         out[n] = compare(s, b, s["row_steps"], sum(x == y for x, y in zip(b["ids"], s["ids"])), len(rows), timing)
     return out
@@ -249,9 +249,8 @@ def per_prompt(target: LM, drafters: dict, prompts: list, sp: SamplingParams, k:
         base_toks = got["none"][0][0]
         for name, rs in got.items():
             toks, recs, m, _ = rs[0]
-            tps = statistics.median(x[3] for x in rs)
             row = m.to_dict() if recs is not None else dict(m)
             yield {**head, "drafter": name,
                    "k": max((rc.k for rc in recs), default=0) if recs is not None else 10 * (name == "hf-prompt-lookup"),
-                   **row, "tokens_per_s": tps, **ratios([x[3] for x in rs], base_tps),
+                   **row, **ratios([x[3] for x in rs], base_tps),
                    "same_tokens_as_baseline": toks == base_toks if sp.greedy else None}
