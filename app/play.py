@@ -16,8 +16,8 @@ from . import runs, view
 
 
 def slots():
-    """(live view, notices): drawn on every run, so the replay fragment after them keeps its place."""
-    return st.empty(), st.container()
+    """(live view, notices slot): drawn on every run, so the replay fragment after them keeps its place."""
+    return st.empty(), st.empty()
 
 
 def stream(run: runs.Run, records: Iterator[StepRecord], prog, live, label: Callable[[StepRecord], str]) -> None:
@@ -34,16 +34,23 @@ def stream(run: runs.Run, records: Iterator[StepRecord], prog, live, label: Call
     run.status = "done"
 
 
-def begin(clicked: bool, generate: Callable[[], None], error: str, notices) -> None:
+def begin(clicked: bool, generate: Callable[[], None], error: str, notices):
     """Generate on a click; otherwise load the model now, so the first click is quick. Then show the
-    page's error (kept in st.session_state[error]) if there is one."""
+    page's error (kept in st.session_state[error]) if there is one. Returns the container for the page's
+    notices.
+
+    On a click the notices slot is emptied first: what it said before ("press Generate") would otherwise stay
+    on the page, faded, under the live run until the script ends."""
     ss = st.session_state
     if clicked:
+        notices.empty()
         generate()
     elif (problem := runs.warm()) is not None:
         ss[error] = problem
+    box = notices.container()
     if ss.get(error):
-        notices.error(ss[error], icon=":material/error:")
+        box.error(ss[error], icon=":material/error:")
+    return box
 
 
 def autoplay(body: Callable[[], None], every: Callable[[], float | None]) -> None:

@@ -57,7 +57,7 @@ def generate(s: runs.Settings) -> None:
         ss.last_tick = time.monotonic()
 
 
-play.begin(go_clicked, lambda: generate(settings), "step_error", notices)
+notices = play.begin(go_clicked, lambda: generate(settings), "step_error", notices)
 
 run: runs.Run | None = ss.get("run")
 if run is None or not run.records:

@@ -67,6 +67,16 @@ def lookup_run():
     return at
 
 
+def test_no_stale_prompt_remains_once_a_run_starts():
+    """'Pick a prompt ... press Generate' is gone from the page as soon as Generate is pressed (it used to stay,
+    faded, under the live run); the legend comes back with the replay."""
+    at = new_app(drafter="lookup", max_new_tokens=4, prompt="Say hi.")
+    assert any("press **Generate**" in i.value for i in at.info)
+    generate(at)
+    assert not any("press **Generate**" in i.value for i in at.info)
+    assert "tok-accepted" in html(at) or "tok-target" in html(at)
+
+
 def test_a_newcomer_lands_on_start_here_and_every_page_is_linked_from_it():
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
     at.run()
@@ -297,6 +307,10 @@ def test_race_counts_time_and_target_passes():
     assert [c.token for r in plain.records for c in r.committed] == \
         [c.token for r in spec.records for c in r.committed]
     assert "speedup" in at.success[0].value and "identical" in at.success[0].value
+    # the quoted speedup follows the measuring rule: the median of back-to-back pairs, with their spread
+    tm = at.session_state.race_timing
+    assert tm["repeats"] == 3 and tm["speedup_min"] <= tm["speedup"] <= tm["speedup_max"]
+    assert f"{tm['speedup']:.2f}×** (median of 3 back-to-back pairs" in at.success[0].value
 
 
 def test_lesson_page_loads_a_workload_preset_into_the_sidebar():
