@@ -30,7 +30,7 @@ st.markdown("#### When it helps")
 st.markdown("The lesson's workloads, with the benefit it expects. Try one: the button loads a prompt and its "
             "usual temperature into the sidebar; then open **Step by step** or **Race**.")
 st.table(pd.DataFrame([{"Workload": w.label, "Expected benefit": w.expected, "Why": w.why,
-                        "Usual temperature": w.temperature} for w in sidebar.WORKLOADS.values()])
+                        "Usual temperature": f"{w.temperature:g}"} for w in sidebar.WORKLOADS.values()])
          .set_index("Workload"))
 for col, (name, w) in zip(st.columns(len(sidebar.PRESETS)), sidebar.PRESETS.items()):
     col.button(f"Try: {name}", key=f"try_{name}", on_click=sidebar.load_preset, args=(name, 0),

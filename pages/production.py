@@ -27,12 +27,13 @@ for tab, e in zip(tabs, table.values()):
             st.warning(f"{e.title}: no equivalent for the **{s.drafter}** draft source.")
         elif s.drafter == "none":
             st.info("Plain decoding: no speculative configuration, this is the baseline.")
-        st.code(e.snippet, language="bash" if e.snippet.startswith(("llama-server", "python -m")) else "python")
+        st.code(e.snippet, language="bash" if e.snippet.startswith(("llama-server", "python -m")) else "python",
+                wrap_lines=True)
         st.markdown("**Our metrics, by this engine's name**")
         st.table(pd.DataFrame({"ours": list(e.metrics), f"{e.title}": list(e.metrics.values())}).set_index("ours"))
         for g in e.gaps:
             st.markdown(f"- No equivalent / differs: {g}")
-        st.markdown("Docs: " + " · ".join(f"[{u.split('//')[1].split('/')[0]}]({u})" for u in e.docs))
+        st.markdown("Docs: " + " · ".join(f"[{x}]({u})" for x, u in zip(engines.link_labels(e.docs), e.docs)))
 
 st.markdown("## 2 · The operator's checklist, run here")
 st.markdown("Fix a set of prompts, decode **greedily** with the draft off and on, **diff the tokens**, then read "

@@ -246,3 +246,14 @@ def test_production_page_with_no_drafter_disables_the_checklist():
     codes = [c.value for c in at.code]
     assert len(codes) == len(engines.ENGINES)
     assert not any(w in c for c in codes for w in ("speculative_config={", "DecodingConfig(", "--spec", "assistant"))
+
+
+def test_each_docs_link_reads_differently():
+    """Road to production listed five links all named `docs.vllm.ai`: each now names its page (and version)."""
+    for name, urls in engines.DOCS.items():
+        labels = engines.link_labels(urls)
+        assert len(set(labels)) == len(labels), (name, labels)
+        assert all(" › " in x for x in labels)
+    assert engines.link_label("https://docs.vllm.ai/en/v0.9.1/features/spec_decode.html") == \
+        "docs.vllm.ai › spec_decode (v0.9.1)"
+    assert engines.link_label("https://github.com/ggml-org/llama.cpp/pull/10455") == "github.com › pull 10455"

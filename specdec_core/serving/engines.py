@@ -246,3 +246,21 @@ def markdown(s) -> str:
         out.append("Docs: " + ", ".join(e.docs))
         out.append("")
     return "\n".join(out)
+
+
+def link_label(url: str) -> str:
+    """A docs link named by its site and page, so an engine's several links read differently:
+    `docs.vllm.ai › n_gram`, `docs.vllm.ai › spec_decode (v0.9.1)`, `github.com › pull 10455`."""
+    host, _, path = url.split("//", 1)[-1].partition("/")
+    parts = [p for p in path.split("/") if p]
+    page = parts[-1].rsplit(".", 1)[0] if parts else host
+    if len(parts) > 1 and parts[-2] in ("pull", "issues"):
+        page = f"{parts[-2].rstrip('s')} {page}"
+    ver = next((p for p in parts[:-1] if p[:1] == "v" and p[1:2].isdigit() or p[:1].isdigit()), "")
+    return f"{host} › {page}" + (f" ({ver})" if ver else "")
+
+
+def link_labels(urls: list[str]) -> list[str]:
+    """link_label for each, a repeated label told apart by its place in the list."""
+    labels = [link_label(u) for u in urls]
+    return [f"{x} ({labels[:i].count(x) + 1})" if labels.count(x) > 1 else x for i, x in enumerate(labels)]
