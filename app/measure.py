@@ -261,11 +261,15 @@ def layout(fig: go.Figure, height: int = 420, below: bool = False, **kw) -> go.F
     return fig
 
 
-def table(df: pd.DataFrame, name: str, note: str = "") -> None:
-    """The table on the page (headers in words, wrapped to the page's width) and a CSV download of exactly
-    what it shows."""
+def table(df: pd.DataFrame, name: str, note: str = "", main: list[str] | None = None) -> None:
+    """The table on the page with headers in words: the `main` columns (so it fits a classroom screen without
+    scrolling sideways) and every column one click away; a CSV download of all of it."""
+    shown = df[[c for c in main if c in df]] if main else df
+    st.dataframe(readable(shown), hide_index=True, width="stretch")
+    if main and len(shown.columns) < len(df.columns):
+        with st.expander(f"All {len(df.columns)} columns"):
+            st.dataframe(readable(df), hide_index=True, width="stretch")
     df = readable(df)
-    st.dataframe(df, hide_index=True, width="stretch")
     st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=f"specdec-{name}.csv",
                        mime="text/csv", key=f"{name}_csv", icon=":material/download:", on_click="ignore",
                        help=note or "The table above as a CSV file.")

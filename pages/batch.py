@@ -114,4 +114,6 @@ cols = ["drafter", "batch_size", "acceptance_rate", "acceptance_lo", "acceptance
         "mean_acceptance_length", "tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_min", "speedup_max",
         "noisy", "tokens", "target_forwards", "baseline_target_forwards",
         "same_tokens_as_baseline"]
-measure.table(df[[c for c in cols if c in df]].round(3), "batch")
+measure.table(df[[c for c in cols if c in df]].round(3), "batch",
+              main=["drafter", "batch_size", "acceptance_rate", "acceptance_lo", "acceptance_hi", "drafted",
+                    "mean_acceptance_length", "speedup", "speedup_min", "speedup_max", "noisy"])

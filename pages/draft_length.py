@@ -140,9 +140,12 @@ st.markdown(
     "often). Prompt lookup also drafts nothing when "
     "it finds no match, so some steps are plain decoding whatever k is.")
 cols = ["drafter", "k", "acceptance_rate", "acceptance_lo", "acceptance_hi", "mean_acceptance_length", "tokens_per_s",
-        "baseline_tokens_per_s", "speedup", "speedup_min", "speedup_max", "noisy", "draft_ms_per_token", "target_forward_ms", "verify_forward_ms", "cost_ratio_c", "drafted",
+        "baseline_tokens_per_s", "speedup", "speedup_min", "speedup_max", "noisy", "draft_ms_per_token",
+        "target_forward_ms", "verify_forward_ms", "cost_ratio_c", "drafted",
         "accepted", "identical_outputs", "prompts"]
 out = df[cols].copy()
 out["predicted_speedup"] = [expected_speedup(th[d]["alpha"], int(k), th[d]["c"]) for d, k in zip(df["drafter"], df["k"])]
 out["per_position_acceptance"] = [" ".join(f"{a:.2f}" for a in p) for p in df["per_position_acceptance"]]
-measure.table(out.round(4), "draft-length")
+measure.table(out.round(4), "draft-length",
+              main=["drafter", "k", "acceptance_rate", "acceptance_lo", "acceptance_hi", "drafted",
+                    "mean_acceptance_length", "speedup", "speedup_min", "speedup_max", "noisy", "predicted_speedup"])

@@ -110,4 +110,6 @@ st.markdown(
 cols = ["drafter", "temperature", "acceptance_rate", "acceptance_lo", "acceptance_hi", "drafted",
         "mean_acceptance_length", "tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_min", "speedup_max",
         "noisy", "tokens", "accepted", "steps", "same_tokens_as_baseline"]
-measure.table(df[[c for c in cols if c in df]].round(3), "temperature")
+measure.table(df[[c for c in cols if c in df]].round(3), "temperature",
+              main=["drafter", "temperature", "acceptance_rate", "acceptance_lo", "acceptance_hi", "drafted",
+                    "mean_acceptance_length", "speedup", "speedup_min", "speedup_max", "noisy"])

@@ -131,7 +131,8 @@ prompt that repeats itself, counting target passes.""")
         cost, plain, look, recs = r
         c = st.columns(3)
         c[0].metric("one pass, 1 token", f"{cost[1] * 1e3:.0f} ms")
-        c[1].metric("one pass, 8 tokens", f"{cost[8] * 1e3:.0f} ms", f"x{cost[8] / cost[1]:.2f}", delta_color="off", delta_arrow="off")
+        c[1].metric("one pass, 8 tokens", f"{cost[8] * 1e3:.0f} ms", f"x{cost[8] / cost[1]:.2f}", delta_color="off",
+                    delta_arrow="off")
         c[2].metric("target passes for 16 tokens", f"{look.target_forwards} with lookup",
                     f"{plain.target_forwards} plain", delta_color="off", delta_arrow="off")
         chips(recs)
@@ -168,7 +169,8 @@ A draft that splits text into different tokens cannot be verified at all, and th
         c[0].metric("target parameters", f"{r['target'] / 1e6:.1f} M")
         if "draft" in r:
             c[1].metric("extra parameters for the draft", f"{r['draft'] / 1e6:.1f} M",
-                        f"{2 * r['draft'] / 2**20:.0f} MiB more in bf16, plus its KV cache", delta_color="off", delta_arrow="off")
+                        f"{2 * r['draft'] / 2**20:.0f} MiB more in bf16, plus its KV cache", delta_color="off",
+                        delta_arrow="off")
         else:
             c[1].warning(r["draft_error"])
         st.markdown("**An incompatible pair, refused:**")
