@@ -70,10 +70,11 @@ class Drafter(Protocol):
         pass
 
 
-NAMES = ("none", "lookup", "draft", "early-exit", "medusa")
+NAMES = ("none", "lookup", "suffix", "draft", "early-exit", "medusa")
 DESCRIPTIONS = {
     "none": "plain decoding: one target forward per token (the baseline)",
     "lookup": "prompt lookup: copy the continuation of the latest n-gram match in the context",
+    "suffix": "suffix decoding: a tree of the most frequent continuations seen before in this session",
     "draft": "a separate, smaller draft model with the same vocabulary",
     "early-exit": "self-speculation: the target's first layers plus a trained exit draft",
     "medusa": "extra heads on the target propose a tree of candidates, verified in one pass",
@@ -93,6 +94,9 @@ def make(name: str, target, draft_lm=None, **kw) -> Drafter:
         return NoDraft()
     if name == "lookup":
         return PromptLookup(**kw)
+    if name == "suffix":
+        from .suffix import Suffix
+        return Suffix(**kw)
     if name == "draft":
         if draft_lm is None:
             from .distilled import available, shipped_draft

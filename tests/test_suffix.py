@@ -1,0 +1,83 @@
+"""Suffix decoding (Oliaro et al. 2024): the index finds the longest earlier suffix, the tree holds the most
+frequent continuations (prefix-closed, siblings by count, sized by the match), a second run of the same request
+drafts from the first, and the output is the target's: token for token greedy, by chi-square sampled."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdec_core import SamplingParams, engine
+from specdec_core.drafters import make
+from specdec_core.drafters.suffix import Suffix, SuffixIndex, grow
+from specdec_core.tree import compile_tree
+from tests.gof import ALPHA, gof
+from tests.tiny import V, exact_joint, tiny_lm
+
+
+def test_grow_keeps_the_likeliest_prefix_closed_nodes():
+    conts = [[5, 6, 7], [5, 6, 8], [5, 9], [4], [5, 6, 7]]
+    paths, toks = grow(conts, budget=4, min_prob=0.0)
+    compile_tree(paths)                                     # prefix-closed, or this raises
+    assert [toks[p] for p in paths] == [5, 6, 7, 4]          # 4/5, 3/5, 2/5, then 1/5 (ties: the first seen)
+    assert paths[:3] == [(0,), (0, 0), (0, 0, 0)] and paths[3] == (1,)   # 5 outranks 4 among the roots
+    few, _ = grow(conts, budget=10, min_prob=0.3)             # nothing seen in under 30% of occurrences
+    assert len(few) == 3
+
+
+def test_the_index_finds_the_longest_earlier_suffix_and_forgets_old_sequences():
+    ix = SuffixIndex(max_match=4, max_tokens=12)
+    a = ix.open()
+    ix.extend(a, [1, 2, 3, 4, 5, 1, 2, 3])
+    n, conts = ix.continuations([9, 1, 2, 3], skip=(a, 8), depth=3)
+    assert n == 3 and conts == [[4, 5, 1]]                    # "1 2 3" before, not the text's own end
+    b = ix.open()
+    ix.extend(b, [7, 7, 7, 7, 7])                             # 13 tokens > 12: the oldest sequence goes
+    assert a not in ix.docs and ix.size == 5
+    assert all(d == b for v in ix.ends.values() for d, _ in v)
+
+
+def test_a_second_run_drafts_from_the_first_tiny(one_thread):
+    tgt, ix = tiny_lm(1), SuffixIndex()
+    prompt = [1, 2, 3, 4, 5, 6]
+    plain, _, _ = engine.run(tgt, make("none", tgt), prompt, max_new_tokens=24, stop_at_eos=False)
+    first, _, m1 = engine.run(tgt, make("suffix", tgt, index=ix), prompt, max_new_tokens=24, stop_at_eos=False)
+    second, recs, m2 = engine.run(tgt, make("suffix", tgt, index=ix), prompt, max_new_tokens=24,
+                                  stop_at_eos=False)
+    assert first == second == plain
+    assert m2.mean_acceptance_length > m1.mean_acceptance_length and m2.acceptance_rate == 1.0
+    assert recs[0].info["match"] >= 1 and recs[0].info["nodes"] >= 1
+
+
+def test_rerun_on_the_bundled_model_is_faster_per_step_and_identical(bundled):
+    ids = bundled.encode("List three colours, one per line.")
+    plain, _, _ = engine.run(bundled, make("none", bundled), ids, max_new_tokens=24)
+    ix = SuffixIndex()
+    a, _, m1 = engine.run(bundled, make("suffix", bundled, index=ix), ids, max_new_tokens=24)
+    b, _, m2 = engine.run(bundled, make("suffix", bundled, index=ix), ids, max_new_tokens=24)
+    assert a == b == plain
+    assert m2.steps < m1.steps and m2.mean_acceptance_length >= 3
+
+
+def test_sampled_suffix_trees_have_the_target_law(one_thread):
+    """Branching trees from a seeded index, verified with the multi-candidate rule: the first two tokens follow
+    the target's exact joint law (chi-square at 3,000 runs; a broken tree rule fails the same check in
+    test_tree.py)."""
+    tgt = tiny_lm(1, layers=1)
+    prompt = [1, 2, 3]
+    ix = SuffixIndex()
+    for seq in ([1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [1, 2, 3, 7, 8], [2, 3, 4, 5]):  # after "2 3": 4 (x3) or 7
+        ix.extend(ix.open(), seq)
+    sp = dict(temperature=1.0)
+    law = exact_joint(tgt, prompt, 2, temperature=1.0).numpy()
+    counts = np.zeros((V, V), dtype=np.int64)
+    trees = 0
+    for seed in range(3000):
+        d = Suffix(index=ix)
+        ids, recs, _ = engine.run(tgt, d, prompt, sp=SamplingParams(seed=seed, **sp), k=3, max_new_tokens=2,
+                                  detail=False, stop_at_eos=False)
+        counts[ids[0], ids[1]] += 1
+        trees += len(recs[0].info.get("tree", [])) > 1
+        ix.drop(max(ix.docs))                                # forget this run: every run sees the same index
+    assert trees == 3000                                      # every first step verified a branching tree
+    assert gof(counts, law) > ALPHA
