@@ -11,10 +11,13 @@ from specdec_core.bench import sweeps
 from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_temperature"
+DRAFTING = {"sample": "sampled", "greedy": "greedy", "both": "both, side by side"}
+MODEL_DRAFTS = ("draft", "early-exit")
 TEMPS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
 PANELS = [("acceptance_rate", "acceptance rate", ".0%"), ("mean_acceptance_length", "tokens per step", ".2f"),
           ("speedup", "speedup (×)", ".2f")]
-measure.settle(KEY, temp_workload=measure.workload_or_first("extraction"), temp_prompts=2, temp_max_new=32)
+measure.settle(KEY, temp_workload=measure.workload_or_first("extraction"), temp_prompts=2, temp_max_new=32,
+               temp_drafting="sample")
 
 st.title("Temperature: does speculation survive hot sampling?")
 st.markdown(
@@ -34,10 +37,16 @@ with c2:
     wl = st.selectbox("Prompts from the workload", [n for n in WORKLOADS if WORKLOADS[n].batch_size == 1],
                       key="temp_workload", format_func=lambda n: WORKLOADS[n].label)
     n_prompts = st.slider("Prompts", 1, len(WORKLOADS[wl].prompts), key="temp_prompts")
+    drafting = st.radio("How a model draft guesses (draft, early-exit)", list(DRAFTING), key="temp_drafting",
+                        format_func=DRAFTING.get, horizontal=True,
+                        help="Sampled: the guess is drawn from q and kept with probability min(1, p/q). Greedy: "
+                             "the draft's most likely token, a one-hot q, kept with probability p(x) (serving "
+                             "engines' default). Both are exact; only acceptance differs. Copying and tree drafters "
+                             "(lookup, suffix, medusa) are deterministic either way.")
     max_new = int(st.number_input("New tokens per prompt", 4, 256, step=8, key="temp_max_new"))
 params = {"drafters": ", ".join(measure.label(n, s) for n in names) or "none", "k": s.k,
           "temperatures": ", ".join(f"{t:g}" for t in temps), "workload": wl, "prompts": n_prompts,
-          "new tokens": max_new, "top-p": s.top_p, "seed": s.seed}
+          "new tokens": max_new, "top-p": s.top_p, "seed": s.seed, "drafting": DRAFTING[drafting]}
 go_clicked = st.button("Sweep the temperature", type="primary", key="temp_go", icon=":material/thermostat:",
                        disabled=not (names and temps))
 st.caption(f"Sidebar settings used: k = {s.k}, top-p {s.top_p:g}, seed {s.seed}.")
@@ -51,7 +60,8 @@ def figure(rows: list[dict]) -> go.Figure:
         for j, (col, _, fmt) in enumerate(PANELS, 1):
             fig.add_scatter(x=[r["temperature"] for r in rs], y=[r[col] for r in rs], name=d, legendgroup=d,
                             showlegend=j == 1, mode="lines+markers", marker=dict(size=10), error_y=bars.get(col),
-                            line=dict(color=measure.color(d), width=3), row=1, col=j,
+                            line=dict(color=measure.color(d), width=3, dash="dot" if "greedy" in d else None),
+                            row=1, col=j,
                             customdata=[r.get("drafted", 0) for r in rs],
                             hovertemplate=f"T=%{{x:g}}: %{{y:{fmt}}} (%{{customdata}} drafted)<extra>{d}</extra>")
         measure.noisy_marks(fig, rs, "temperature", row=1, col=3)
@@ -68,12 +78,19 @@ def points(tgt, specs, live):
     ids = measure.encode(tgt, WORKLOADS[wl].prompts[:n_prompts])
     for t in temps:
         measure.sampling(t, s)   # a clear message for a bad value, before any work
-    yield from measure.sweep_points(sweeps.sweep_temperature, tgt, specs, ids, temps, s, live, k=s.k,
-                                    max_new_tokens=max_new, seed=s.seed, top_p=s.top_p)
+    modes = ["sample", "greedy"] if drafting == "both" else [drafting]
+    for mode in modes:
+        use = [(n, lm) for n, lm in specs if mode == modes[0] or n in MODEL_DRAFTS]
+        for p in measure.sweep_points(sweeps.sweep_temperature, tgt, use, ids, temps, s, live, k=s.k,
+                                      max_new_tokens=max_new, seed=s.seed, top_p=s.top_p, draft=mode):
+            if mode == "greedy" and p["drafter"].split(" ")[0] in MODEL_DRAFTS:
+                p["drafter"] += " · greedy drafting"
+            yield p
 
 
 def sweep() -> None:
-    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * len(specs) * len(temps) * n_prompts,
+    twice = lambda specs: len(specs) + (drafting == "both") * sum(n in MODEL_DRAFTS for n, _ in specs)
+    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * twice(specs) * len(temps) * n_prompts,
                     points, figure, "Sweeping")
 
 
@@ -101,6 +118,14 @@ st.markdown(
     "tokens per second without, same prompts and seed (the dashed line is break-even). "
     "At temperature above 0 each run samples, so plain and speculative runs produce different, equally valid "
     "texts of possibly different lengths: expect some noise with few prompts.")
+st.markdown(
+    "**Sampled or greedy drafting.** A model draft that *samples* its guess x from its own distribution q keeps "
+    "it with probability min(1, p(x)/q(x)); on average that is Σ min(p, q), high when the draft's distribution "
+    "resembles the target's. A draft that takes its *most likely* token reports q as certain (one-hot), so the "
+    "guess is kept with probability p(x) alone; after a rejection the replacement comes from p with x taken out. "
+    "Both rules are exact. At temperature 0 they are the same; as the temperature rises p flattens, p(x) of any "
+    "single token shrinks, and greedy drafting's acceptance falls faster (choose *both* above to see the two "
+    "curves, greedy dotted).")
 st.markdown(
     "**Why a CPU may differ from the lesson.** Here, as on a GPU, one forward pass over k + 1 tokens costs "
     "little more than over one, so even a modest acceptance rate can pay. The drop with temperature comes "

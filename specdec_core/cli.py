@@ -29,6 +29,9 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--draft-sampling", default="sample", choices=["sample", "greedy"],
+                    help="how a model draft picks its guesses at T > 0: sample from q (default), or take q's argmax "
+                         "(a one-hot q, as serving engines do by default)")
     ap.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     ap.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp32", "fp16"],
                     help="auto (default): bf16 on CUDA and on CPUs with native bf16, else fp32")
@@ -105,7 +108,7 @@ def _model_info(target: LM) -> dict:
 
 
 def _sp(args) -> SamplingParams:
-    return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, args.draft_sampling)
 
 
 def _read_prompt(args) -> str:
@@ -240,13 +243,14 @@ def cmd_sweep(args) -> int:
                    file=sys.stderr)
         pts = sweeps.sweep_temperature(target, args.drafter, prompts, vals, k=args.k,
                                        max_new_tokens=args.max_new_tokens, seed=args.seed, top_p=args.top_p,
-                                       draft_lm=draft_lm, tick=lambda _: bar.update(), repeats=args.repeats)
+                                       draft_lm=draft_lm, tick=lambda _: bar.update(), repeats=args.repeats,
+                                       draft=args.draft_sampling)
     elif args.axis == "k":
         vals = [int(x) for x in _floats(args.ks, "ks")]
         bar = tqdm(total=2 * (args.repeats or REPEATS) * len(vals) * len(prompts), desc="sweep k", file=sys.stderr)
         pts = sweeps.sweep_k(target, args.drafter, prompts, vals, temperature=args.temperature,
                              max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
-                             tick=lambda _: bar.update(), repeats=args.repeats)
+                             tick=lambda _: bar.update(), repeats=args.repeats, draft=args.draft_sampling)
     else:
         vals = [int(x) for x in _floats(args.batch_sizes, "batch-sizes")]
         if any(b < 1 for b in vals):
@@ -254,7 +258,7 @@ def cmd_sweep(args) -> int:
         bar = tqdm(total=2 * (args.repeats or REPEATS) * len(vals), desc="sweep batch", file=sys.stderr)
         pts = sweeps.sweep_batch(target, args.drafter, prompts, vals, k=args.k, temperature=args.temperature,
                                  max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
-                                 tick=lambda _: bar.update(), repeats=args.repeats)
+                                 tick=lambda _: bar.update(), repeats=args.repeats, draft=args.draft_sampling)
     table = []
     for p in pts:
         table.append(p)

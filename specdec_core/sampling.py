@@ -12,6 +12,7 @@ import torch
 
 MAX_TEMPERATURE = 5.0
 MIN_TEMPERATURE = 0.01   # below this, logits / T overflow float32 into NaN; 0 itself is greedy
+DRAFTING = ("sample", "greedy")
 
 
 class InputError(ValueError):
@@ -24,6 +25,8 @@ class SamplingParams:
     top_k: int = 0        # 0 = off
     top_p: float = 1.0    # 1 = off
     seed: int = 0
+    draft: str = "sample"  # how a model draft picks its guess at T > 0: "sample" from q, or "greedy" (its argmax,
+                           # reported as a one-hot q: engines' default, vLLM draft_sample_method)
 
     def __post_init__(self):
         if not (0.0 <= self.temperature <= MAX_TEMPERATURE):
@@ -34,6 +37,8 @@ class SamplingParams:
             raise InputError(f"top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InputError(f"top-k must be >= 0 (0 turns it off), got {self.top_k}")
+        if self.draft not in DRAFTING:
+            raise InputError(f"draft sampling must be one of {', '.join(DRAFTING)}, got {self.draft!r}")
 
     @property
     def greedy(self) -> bool:

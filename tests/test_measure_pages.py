@@ -113,6 +113,18 @@ def test_temperature_page_one_point_per_temperature():
     assert not any("_" in c for c in table.columns)               # headers in words
 
 
+def test_temperature_page_sampled_and_greedy_drafting_side_by_side():
+    at = open_page("temperature", temp_drafters=["lookup", "draft"], temp_values=[1.0], temp_prompts=1,
+                   temp_max_new=8)
+    at.radio(key="temp_drafting").set_value("both").run()
+    click(at, "temp_go")
+    res = at.session_state["measure_temperature"]
+    assert res.status == "done", res.error
+    names = [r["drafter"] for r in res.rows]
+    assert names == ["lookup", "draft (bundled)", "draft (bundled) · greedy drafting"]   # lookup is greedy anyway
+    assert "Sampled or greedy drafting" in text(at)
+
+
 def test_batch_page_speedup_per_batch_size():
     at = open_page("batch", bs_sizes=[1, 2], bs_max_new=8)
     click(at, "bs_go")

@@ -178,9 +178,9 @@ def batch_point(tgt: LM, rows: list[list[int]], sp: SamplingParams, k: int | Non
 
 def sweep_temperature(target: LM, drafter: str, prompts: list, temperatures: Iterable[float], k: int | None = None,
                       max_new_tokens: int = 64, seed: int = 0, top_p: float = 1.0, draft_lm=None,
-                      tick: Tick = None, repeats: int | None = None) -> Iterator[dict]:
+                      tick: Tick = None, repeats: int | None = None, draft: str = "sample") -> Iterator[dict]:
     for t in temperatures:
-        sp = SamplingParams(float(t), 0, top_p, seed)
+        sp = SamplingParams(float(t), 0, top_p, seed, draft)
         pair = side_by_side(target, prompts, sp, k, max_new_tokens, [(drafter, draft_lm)], at(tick, f"T = {t:g}"),
                             repeats)
         yield {"temperature": float(t), "drafter": drafter, **point(pair, drafter)}
@@ -188,8 +188,8 @@ def sweep_temperature(target: LM, drafter: str, prompts: list, temperatures: Ite
 
 def sweep_k(target: LM, drafter: str, prompts: list, ks: Iterable[int], temperature: float = 0.0,
             max_new_tokens: int = 64, seed: int = 0, top_p: float = 1.0, draft_lm=None,
-            tick: Tick = None, repeats: int | None = None) -> Iterator[dict]:
-    sp = SamplingParams(temperature, 0, top_p, seed)
+            tick: Tick = None, repeats: int | None = None, draft: str = "sample") -> Iterator[dict]:
+    sp = SamplingParams(temperature, 0, top_p, seed, draft)
     for k in ks:
         pair = side_by_side(target, prompts, sp, int(k), max_new_tokens, [(drafter, draft_lm)], at(tick, f"k = {k}"),
                             repeats)
@@ -198,9 +198,10 @@ def sweep_k(target: LM, drafter: str, prompts: list, ks: Iterable[int], temperat
 
 def sweep_batch(target: LM, drafter: str, prompts: list, batch_sizes: Iterable[int], k: int | None = None,
                 temperature: float = 0.0, max_new_tokens: int = 32, seed: int = 0, top_p: float = 1.0,
-                draft_lm=None, tick: Tick = None, repeats: int | None = None) -> Iterator[dict]:
+                draft_lm=None, tick: Tick = None, repeats: int | None = None,
+                draft: str = "sample") -> Iterator[dict]:
     """Throughput of one batch of B rows (prompts cycled), baseline and drafter, each through decode_batch."""
-    sp = SamplingParams(temperature, 0, top_p, seed)
+    sp = SamplingParams(temperature, 0, top_p, seed, draft)
     for b in batch_sizes:
         rows = [prompts[i % len(prompts)] for i in range(int(b))]
         pt = batch_point(target, rows, sp, k, max_new_tokens, [(drafter, draft_lm)], tick, repeats)

@@ -1,6 +1,8 @@
 """A separate draft model with its own KV cache (Leviathan et al. 2023; Chen et al. 2023).
 
-The draft samples k tokens autoregressively from q (the same temperature/top-k/top-p as the target).
+The draft samples k tokens autoregressively from q (the same temperature/top-k/top-p as the target), or, with
+`SamplingParams.draft == "greedy"`, takes q's argmax and reports the one-hot q it was drawn from, as serving engines
+do by default; either way the exact rule of verify.py applies to the q actually used.
 Its cache is kept in step with the committed text by longest common prefix: after a rejection the
 rejected suffix is cropped away; after a full acceptance the last drafted token, which the draft sampled
 but never ran, is fed on the next proposal together with the bonus token.
@@ -57,9 +59,12 @@ class CachedDraft(Drafter):
     def propose(self, ctx: DraftContext) -> Proposal:
         logits = self.sync(ctx.tokens)
         out, qs = [], []
+        greedy = ctx.sp.greedy or ctx.sp.draft == "greedy"
         for i in range(ctx.k):
             q = probs(logits, ctx.sp)                                # [V]
-            x = int(q.argmax()) if ctx.sp.greedy else int(sample(q, ctx.gen))
+            x = int(q.argmax()) if greedy else int(sample(q, ctx.gen))
+            if greedy and not ctx.sp.greedy:   # the guess came from a point mass: that is the q to verify against
+                q = torch.zeros_like(q).scatter_(-1, torch.tensor([x], device=q.device), 1.0)
             out.append(x)
             qs.append(q)
             if i < ctx.k - 1:
