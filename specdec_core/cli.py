@@ -29,6 +29,9 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--k-policy", default="fixed", choices=["fixed", "schedule", "confidence"],
+                    help="draft length per step: fixed k; schedule (+2 after a fully accepted draft, -1 otherwise, "
+                         "from k); confidence (a model draft stops when its top probability < 0.4; k the bound)")
     ap.add_argument("--draft-sampling", default="sample", choices=["sample", "greedy"],
                     help="how a model draft picks its guesses at T > 0: sample from q (default), or take q's argmax "
                          "(a one-hot q, as serving engines do by default)")
@@ -150,7 +153,8 @@ def cmd_generate(args) -> int:
     target, draft_lm = _models(args)
     drafter = make(args.drafter, target, draft_lm)
     ids = target.encode(prompt, raw=args.raw)
-    out, recs, m = run(target, drafter, ids, sp=sp, k=args.k, max_new_tokens=args.max_new_tokens)
+    out, recs, m = run(target, drafter, ids, sp=sp, k=args.k, max_new_tokens=args.max_new_tokens,
+                       k_policy=args.k_policy)
     text = target.tokenizer.decode(out, skip_special_tokens=True)
     if args.steps:
         for r in recs:
@@ -188,7 +192,7 @@ def cmd_bench(args) -> int:
     meta = [{"id": row["id"], "category": row.get("category", "")} for row in rows]
     out = []
     for r in per_prompt(target, drafters, prompts, sp, args.k, args.max_new_tokens, args.hf, meta,
-                        lambda it: tqdm(it, desc="bench", file=sys.stderr), args.repeats):
+                        lambda it: tqdm(it, desc="bench", file=sys.stderr), args.repeats, args.k_policy):
         out.append(r)
         if args.json:
             print(json.dumps(r), flush=True)

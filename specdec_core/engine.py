@@ -24,6 +24,7 @@ from .chain_step import Checked
 from .drafters import DraftContext, Drafter, Proposal
 from .metrics import RunMetrics, summarize
 from .models import LM, keep
+from .policy import KPolicy
 from .records import Candidate, Committed, Position, StepRecord
 from .sampling import InputError, SamplingParams
 
@@ -81,11 +82,13 @@ def until_eos(new: list[int], eos: set[int]) -> tuple[list[int], str]:
 
 def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: SamplingParams | None = None,
            k: int | None = None, max_new_tokens: int = 64, stop_at_eos: bool = True,
-           detail: bool = True) -> Iterator[StepRecord]:
-    """Decode after `prompt` (ids). `detail` adds top-k lists and text pieces for the animation."""
+           detail: bool = True, k_policy: str = "fixed") -> Iterator[StepRecord]:
+    """Decode after `prompt` (ids). `detail` adds top-k lists and text pieces for the animation; `k_policy`
+    (policy.py) moves k from step to step, k being its start or bound."""
     sp = sp or SamplingParams()
     k = drafter.default_k if k is None else k
     check_run_args(k, max_new_tokens)
+    pol = KPolicy(k_policy, k)
     prompt = [int(t) for t in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
     check_prompt(target, prompt, max_new_tokens, k)
     eos = target.eos_ids if stop_at_eos else set()
@@ -98,7 +101,8 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
     prefill(target, drafter, prompt, cache)
     tokens, fwd_t, fwd_d = list(prompt), 0, 0
     for index in itertools.count():
-        ctx = DraftContext(tokens, len(prompt), min(k, max_new_tokens - (len(tokens) - len(prompt)) - 1), sp, gen)
+        room = max_new_tokens - (len(tokens) - len(prompt)) - 1
+        ctx = DraftContext(tokens, len(prompt), min(pol.next_k(), room, MAX_K), sp, gen, pol.stop_below)
         t = [time.perf_counter()]
 
         # 1. propose
@@ -130,6 +134,7 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
             drafter.observe(h[kept[-1]], len(tokens) - 1)
         if c.draft.numel():
             drafter.feedback(ctx, c.v.n_accepted)
+        pol.update(c.draft.numel(), c.v.n_accepted)
         t.append(time.perf_counter())
 
         yield show.record(index, drafter.name, prop, c, new, tokens[len(prompt):], cache.get_seq_length(),

@@ -74,7 +74,8 @@ class Paired:
 
 
 def side_by_side(tgt: LM, prompts: list[list[int]], sp: SamplingParams, k: int | None, max_new: int,
-                 specs: list[tuple[str, object]], tick: Tick = None, repeats: int | None = None) -> Paired:
+                 specs: list[tuple[str, object]], tick: Tick = None, repeats: int | None = None,
+                 k_policy: str = "fixed") -> Paired:
     """Each repeat, each prompt: plain decoding and each drafter (name, draft model or None) back to back, the
     order flipped every other repeat (A B, B A, ...) so neither side always runs on a warmer machine."""
     none = make("none", tgt)
@@ -89,7 +90,8 @@ def side_by_side(tgt: LM, prompts: list[list[int]], sp: SamplingParams, k: int |
             order = [("none", None)] + list(specs)
             for n, lm in (order if r % 2 == 0 else order[::-1]):
                 dr = none if n == "none" else make(n, tgt, lm)
-                out = run(tgt, dr, ids, sp=spr, k=None if n == "none" else k, max_new_tokens=max_new, detail=False)
+                out = run(tgt, dr, ids, sp=spr, k=None if n == "none" else k, max_new_tokens=max_new, detail=False,
+                          k_policy="fixed" if n == "none" else k_policy)
                 (base if n == "none" else spec[n])[r].append(out)
                 if tick:
                     again = f", repeat {r + 1}" if repeats > 1 else ""
@@ -223,7 +225,7 @@ def hf_generate(target: LM, ids: torch.Tensor, max_new: int, lookup: bool) -> tu
 
 def per_prompt(target: LM, drafters: dict, prompts: list, sp: SamplingParams, k: int | None, max_new: int,
                hf: bool = False, meta: list[dict] | None = None, progress=iter,
-               repeats: int | None = None) -> Iterator[dict]:
+               repeats: int | None = None, k_policy: str = "fixed") -> Iterator[dict]:
     """One row per prompt and drafter (`drafters`: name -> drafter, the baseline `none` first); each prompt's
     runs back to back, `repeats` times in alternating order, and the speedup by the measuring rule (ratios());
     with `hf`, transformers' generate and its prompt lookup beside them. First calls pay one-off costs
@@ -241,7 +243,8 @@ def per_prompt(target: LM, drafters: dict, prompts: list, sp: SamplingParams, k:
             order = list(got) if r % 2 == 0 else list(got)[::-1]
             for name in order:
                 if name in drafters:
-                    toks, recs, m = run(target, drafters[name], ids, sp=sp, k=k, max_new_tokens=max_new, detail=False)
+                    toks, recs, m = run(target, drafters[name], ids, sp=sp, k=k, max_new_tokens=max_new, detail=False,
+                                        k_policy=k_policy if name != "none" else "fixed")
                     got[name].append((toks, recs, m, m.tokens_per_s))
                 else:
                     n, el, toks = hf_generate(target, ids, max_new, name == "hf-prompt-lookup")

@@ -23,6 +23,7 @@ class DraftContext:
     k: int                         # propose at most this many
     sp: SamplingParams
     gen: torch.Generator | None
+    stop_below: float = 0.0        # a draft with a distribution stops when its top probability is under this
 
 
 @dataclass

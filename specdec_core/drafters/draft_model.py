@@ -62,6 +62,9 @@ class CachedDraft(Drafter):
         greedy = ctx.sp.greedy or ctx.sp.draft == "greedy"
         for i in range(ctx.k):
             q = probs(logits, ctx.sp)                                # [V]
+            # unsure (its own softmax, since at T = 0 q is one-hot): stop drafting here (policy.py)
+            if i and ctx.stop_below and float(torch.softmax(logits.float(), -1).max()) < ctx.stop_below:
+                break
             x = int(q.argmax()) if greedy else int(sample(q, ctx.gen))
             if greedy and not ctx.sp.greedy:   # the guess came from a point mass: that is the q to verify against
                 q = torch.zeros_like(q).scatter_(-1, torch.tensor([x], device=q.device), 1.0)
@@ -71,7 +74,7 @@ class CachedDraft(Drafter):
                 logits = self.run([x])
                 self.seen.append(x)
         return Proposal(torch.tensor(out, dtype=torch.long), torch.stack(qs) if qs else None,
-                        forwards=max(ctx.k, 1), info=self.details())
+                        forwards=max(len(out), 1), info=self.details())
 
 
     def cache_len(self) -> int:

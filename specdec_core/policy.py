@@ -1,0 +1,60 @@
+"""Draft-length policies: how many tokens to draft at each step.
+
+Leviathan et al. (2023, sec. 3.5) pick one k from the acceptance rate and the draft's cost; engines adapt it:
+  fixed       - k every step (the baseline policy)
+  schedule    - transformers' assisted-generation heuristic: +2 after a fully accepted draft, -1 otherwise
+                (never below 1), starting from k
+  confidence  - stop drafting as soon as the draft's top probability falls under a threshold (the draft stops
+                when unsure; at least one token is proposed); k is the upper bound. Drafts without a distribution
+                (lookup, suffix, medusa) ignore it
+  batch       - k by batch size (vLLM's per-batch-size setting): the fuller the batch, the less spare compute a
+                verification can use, so k shrinks and drafting stops past a size (batch.py)
+Every policy decides from the draft's own information and the verdicts of earlier steps only, never from the
+target's distribution at the positions being drafted, so the exact rule is untouched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sampling import InputError
+
+POLICIES = ("fixed", "schedule", "confidence", "batch")
+CONFIDENCE = 0.4                               # stop below this top probability
+BATCH_K = ((1, None), (4, 2), (16, 1))         # batch size up to -> k (None: the run's k); larger: 0 (no drafting)
+
+
+@dataclass
+class KPolicy:
+    name: str = "fixed"
+    k: int = 4                   # the run's k: the fixed value, the schedule's start, confidence's bound
+    threshold: float = CONFIDENCE
+
+    def __post_init__(self):
+        if self.name not in POLICIES:
+            raise InputError(f"unknown k policy {self.name!r}; use one of {', '.join(POLICIES)}")
+        if not 0.0 < self.threshold < 1.0:
+            raise InputError(f"the confidence threshold must be in (0, 1), got {self.threshold}")
+        self.now = self.k
+
+    def next_k(self, batch: int = 1) -> int:
+        """k for the coming step (before the room left caps it)."""
+        if self.name == "batch":
+            return for_batch(self.k, batch)
+        return self.now
+
+    @property
+    def stop_below(self) -> float:
+        """For the drafter: stop when the top probability of its next guess is under this (0 = never)."""
+        return self.threshold if self.name == "confidence" else 0.0
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """After verification: the schedule grows after a fully accepted draft and shrinks otherwise."""
+        if self.name == "schedule" and drafted:
+            self.now = self.now + 2 if accepted == drafted else max(1, self.now - 1)
+
+
+def for_batch(k: int, batch: int) -> int:
+    for size, kk in BATCH_K:
+        if batch <= size:
+            return k if kk is None else min(k, kk)
+    return 0

@@ -1,0 +1,51 @@
+"""Draft-length policies (policy.py): the schedule grows after a fully accepted draft and shrinks otherwise, a
+model draft stops when unsure under `confidence`, k falls with the batch size; none of them changes the output."""
+from __future__ import annotations
+
+import pytest
+
+from specdec_core import InputError, SamplingParams, engine
+from specdec_core.drafters import make
+from specdec_core.policy import KPolicy, for_batch
+from tests.tiny import perturbed, tiny_lm
+
+
+def test_the_schedule_follows_transformers_heuristic():
+    p = KPolicy("schedule", 4)
+    seen = []
+    for drafted, accepted in [(4, 4), (6, 6), (8, 3), (7, 0), (6, 6), (1, 0), (1, 0)]:
+        seen.append(p.next_k())
+        p.update(drafted, accepted)
+    assert seen == [4, 6, 8, 7, 6, 8, 7] and p.next_k() == 6
+    q = KPolicy("schedule", 1)
+    q.update(1, 0)
+    assert q.next_k() == 1                                   # never below 1
+
+
+def test_k_by_batch_size_and_bad_policies():
+    assert [for_batch(6, b) for b in (1, 2, 4, 5, 16, 17, 64)] == [6, 2, 2, 1, 1, 0, 0]
+    assert KPolicy("batch", 6).next_k(batch=8) == 1
+    with pytest.raises(InputError, match="unknown k policy 'sometimes'"):
+        KPolicy("sometimes")
+    with pytest.raises(InputError, match=r"confidence threshold must be in \(0, 1\)"):
+        KPolicy("confidence", 4, threshold=1.5)
+
+
+@pytest.mark.parametrize("policy", ["schedule", "confidence"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_adaptive_k_changes_the_steps_not_the_text(policy, temperature, one_thread):
+    tgt = tiny_lm(1)
+    dr = perturbed(tgt, 0.3, seed=4)                         # agrees often, not always
+    sp = SamplingParams(temperature=temperature, seed=5)
+    kw = dict(sp=sp, max_new_tokens=40, stop_at_eos=False)
+    fixed, rf, _ = engine.run(tgt, make("draft", tgt, dr), [1, 2, 3], k=4, **kw)
+    ours, ra, _ = engine.run(tgt, make("draft", tgt, dr), [1, 2, 3], k=4, k_policy=policy, **kw)
+    ks = [r.k for r in ra if r.k]                            # (the last step may have no room to draft)
+    assert len(set(ks)) > 1                                   # k really moved
+    if policy == "schedule":
+        assert max(ks) > 4 or min(ks) < 4
+    else:
+        assert max(ks) <= 4 and min(ks) >= 1 and min(ks) < 4  # stops early when unsure, never past the bound
+    if temperature == 0:
+        plain, _, _ = engine.run(tgt, make("none", tgt), [1, 2, 3], **kw)
+        assert ours == fixed == plain
