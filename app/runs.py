@@ -7,10 +7,12 @@ plain-words message (UserError), never a traceback.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import streamlit as st
+import torch
 
 from specdec_core import LM, IncompatibleModels, InputError, ModelError, SamplingParams, engine, load
 from specdec_core import drafters
@@ -55,6 +57,7 @@ class Run:
     records: list[StepRecord] = field(default_factory=list)
     status: str = "running"          # running | done | stopped
     baseline: RunMetrics | None = None
+    note: str = ""                   # said before the run starts: a long prompt's length and time
 
     @property
     def metrics(self) -> RunMetrics | None:
@@ -120,6 +123,42 @@ def make_drafter(s: Settings, tgt):
 def check_prompt(text: str) -> None:
     if not text or not text.strip():
         raise UserError("The prompt is empty: type some text in the sidebar or pick a preset.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # half a surrogate pair: no tokenizer can read it
+        raise UserError(f"The prompt holds a character that is not text (U+{ord(text[e.start]):04X}, half of a "
+                        f"surrogate pair, at character {e.start + 1}): delete it or paste the text again.") from e
+
+
+LONG_PROMPT = 1000  # tokens: from here the reading of the prompt takes long enough to say so first
+_RATES: dict = {}   # (model, forward) -> (s per prompt token, s per one-token forward), per server
+
+
+def _rate(tgt) -> tuple[float, float]:
+    """(seconds per prompt token in one long pass, seconds per one-token forward) of `tgt` on this machine,
+    measured once per server and forward: a 256-token pass and four one-token ones."""
+    key = (id(tgt.model), tgt.forward_name)
+    if key not in _RATES:
+        cache = tgt.new_cache()
+        t0 = time.perf_counter()
+        tgt.forward(torch.zeros(256, dtype=torch.long), cache, last_only=True)
+        t1 = time.perf_counter()
+        for _ in range(4):
+            tgt.forward(torch.zeros(1, dtype=torch.long), cache, last_only=True)
+        _RATES[key] = ((t1 - t0) / 256, (time.perf_counter() - t1) / 4)
+    return _RATES[key]
+
+
+def note(tgt, n_prompt: int, max_new: int) -> str:
+    """For a long prompt, before any work: its length, the context left, and roughly how long the run takes
+    (linear in the prompt, so a lower bound for the longest ones, where attention's share grows)."""
+    if n_prompt < LONG_PROMPT:
+        return ""
+    per_tok, per_fwd = _rate(tgt)
+    read, write = n_prompt * per_tok, max_new * per_fwd
+    return (f"A long prompt: {n_prompt:,} tokens of the model's context of {tgt.max_len:,}. Reading it takes "
+            f"roughly {read:.0f} s, then up to {max_new} new tokens about {write:.0f} s more (at most one target "
+            f"pass each), so about {read + write:.0f} s in all on this machine.")
 
 
 def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
@@ -129,12 +168,14 @@ def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
     drafter = make_drafter(s, tgt)
     try:
         sp = s.sampling()
-        ids = tgt.encode(s.prompt).tolist()
         k = 0 if s.drafter == "none" else int(s.k)
         engine.check_run_args(k, int(s.max_new_tokens))
+        ids = tgt.encode(s.prompt).tolist()
+        # the engine checks this too, but only once the stream is read: here it comes before any output
+        engine.check_context(tgt, len(ids), int(s.max_new_tokens), k)
     except InputError as e:
         raise UserError(str(e)[:1].upper() + str(e)[1:] + ".") from e
-    run = Run(s, ids, tgt.tokenizer.decode(ids))
+    run = Run(s, ids, tgt.tokenizer.decode(ids), note=note(tgt, len(ids), int(s.max_new_tokens)))
     return run, engine.decode(tgt, drafter, ids, sp=sp, k=k, max_new_tokens=int(s.max_new_tokens))
 
 

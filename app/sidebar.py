@@ -18,6 +18,10 @@ DEFAULT_WORKLOAD = "extraction"
 # the prompt when a link names no preset and no text
 FALLBACK_PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox"
 
+# key -> (lo, hi): the numeric controls' ranges, which a value put into st.session_state (a link, a scene,
+# code) must also keep, since a widget given a value outside its range silently falls back to its minimum
+BOUNDS = {"k": (1, 12), "temperature": (0.0, min(2.0, MAX_TEMPERATURE)), "top_p": (0.05, 1.0),
+          "seed": (0, 2**31 - 1), "max_new_tokens": (1, 512)}
 DEFAULTS = dict(drafter="lookup", draft_model=BUNDLED, k=4, top_p=1.0, seed=0, max_new_tokens=48,
                 workload=DEFAULT_WORKLOAD, example=0, forward="ours")
 
@@ -31,6 +35,36 @@ def init_state() -> None:
         ss.prompt = w.prompts[0] if w else FALLBACK_PROMPT
         ss.temperature = float(w.temperature) if w else 0.0
     ss.setdefault("temperature", 0.0)
+
+
+def clamp() -> list[str]:
+    """Bring every numeric control's value into its range (and to its type) before the widgets are drawn;
+    what was changed, in words."""
+    ss, said = st.session_state, []
+    for key, (lo, hi) in BOUNDS.items():
+        raw, typ = ss.get(key), type(lo)
+        try:
+            val = typ(raw)
+            if val != val:  # NaN
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            ss[key] = typ(DEFAULTS.get(key, lo))
+            said.append(f"{key} = {raw!r} is not a number: set to {ss[key]}")
+            continue
+        if not lo <= val <= hi:
+            ss[key] = min(max(val, lo), hi)
+            said.append(f"{key} = {raw!r} is outside its range {lo}..{hi}: set to {ss[key]}")
+        elif type(raw) is not typ:
+            ss[key] = val
+    if ss.get("drafter") not in drafters.NAMES:
+        said.append(f"drafter {ss.get('drafter')!r} is not one of {', '.join(drafters.NAMES)}: set to "
+                    f"{DEFAULTS['drafter']}")
+        ss.drafter = DEFAULTS["drafter"]
+    if not isinstance(ss.get("prompt"), str):
+        ss.prompt, ss.workload = "", CUSTOM
+    if not isinstance(ss.get("draft_model"), str):
+        ss.draft_model = ""
+    return said
 
 
 def load_preset(name: str, example: int = 0) -> None:
@@ -64,6 +98,8 @@ def build() -> Settings:
     init_state()
     ss = st.session_state
     sb = st.sidebar
+    for said in clamp():
+        sb.warning(f"{said}.", icon=":material/warning:")
     sb.markdown("### Prompt")
     names = [CUSTOM] + list(PRESETS)
     sb.selectbox("Workload preset", names, key="workload", on_change=_on_workload,
@@ -89,15 +125,15 @@ def build() -> Settings:
                   help="For the `draft` drafter: `bundled` lets the target draft for itself (at temperature 0 "
                        "every draft is accepted); `distilled` uses the small draft trained for it, where shipped; "
                        "or a local model directory / hub id with the same vocabulary.")
-    sb.slider("k: tokens drafted per step", 1, 12, key="k", disabled=ss.drafter == "none")
+    sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=ss.drafter == "none")
 
     sb.markdown("### Sampling")
-    sb.slider("Temperature", 0.0, min(2.0, MAX_TEMPERATURE), step=0.05, key="temperature",
+    sb.slider("Temperature", *BOUNDS["temperature"], step=0.05, key="temperature",
               help="0 is greedy: the target always takes its most likely token.")
-    sb.slider("Top-p", 0.05, 1.0, step=0.05, key="top_p", help="1 keeps the whole distribution.")
+    sb.slider("Top-p", *BOUNDS["top_p"], step=0.05, key="top_p", help="1 keeps the whole distribution.")
     c1, c2 = sb.columns(2)
-    c1.number_input("Seed", 0, 2**31 - 1, step=1, key="seed")
-    c2.number_input("Max new tokens", 1, 512, step=8, key="max_new_tokens")
+    c1.number_input("Seed", *BOUNDS["seed"], step=1, key="seed")
+    c2.number_input("Max new tokens", *BOUNDS["max_new_tokens"], step=8, key="max_new_tokens")
 
     sb.markdown("### Numerics")
     sb.radio("Forward", list(FORWARDS), key="forward", format_func=FORWARDS.get, horizontal=True,

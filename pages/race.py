@@ -65,7 +65,10 @@ def race() -> None:
         ss.race_error = runs.friendly(e)
         return
     ss.race_plain, ss.race_spec = plain, spec
-    cols = holder.container().columns(2)
+    box = holder.container()
+    if spec.note:  # both lanes read the same prompt: one note for the two
+        box.info(spec.note, icon=":material/hourglass_top:")
+    cols = box.columns(2)
     for col, run, records, name in ((cols[0], plain, plain_records, "plain"),
                                     (cols[1], spec, spec_records, "speculative")):
         with col:

@@ -38,6 +38,8 @@ def generate(s: runs.Settings) -> None:
         return
     ss.run, ss.cursor = run, frames.Cursor()
     with holder.container(border=True):  # cleared when the run ends; the replay takes its place
+        if run.note:
+            st.info(run.note, icon=":material/hourglass_top:")
         prog = st.progress(0.0, text="Decoding…")
         st.button("Stop", key="stop", icon=":material/stop_circle:", help="Stop the run here; the steps made so far can still be replayed.")
         live = st.empty()
@@ -66,6 +68,8 @@ if run is None or not run.records:
     notices.html(view.legend())
     st.stop()
 
+if run.note:
+    notices.caption(run.note)
 if run.status == "stopped":
     notices.warning(f"Stopped after {len(run.records)} steps ({run.records[-1].n_generated} tokens); "
                "the steps made so far can be replayed below.", icon=":material/stop_circle:")

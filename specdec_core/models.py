@@ -280,6 +280,73 @@ def _gguf_dense():
         return {}
 
 
+# what a model needs from a hub repository: config, tokenizer files and safetensors weights
+_HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken"]
+_UNREACHABLE = "is not in the local cache and this machine is offline (or cannot reach the hub)"
+
+
+def _offline() -> bool:
+    """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import) or as it was read then."""
+    from huggingface_hub import constants
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on") or \
+        bool(constants.HF_HUB_OFFLINE)
+
+
+def _check_dir(d: Path, spec: str) -> Path:
+    if not d.is_dir():
+        raise ModelError(f"{spec!r} is a file, not a model directory" if d.exists() else
+                         f"model directory {spec!r} does not exist")
+    if not (d / "config.json").exists():
+        raise ModelError(f"{spec!r} has no config.json: not a Hugging Face model directory")
+    if not list(d.glob("*.safetensors")):
+        raise ModelError(f"{spec!r} has no *.safetensors weights (only safetensors are loaded)")
+    return d
+
+
+def local_dir(spec: str, timeout: float = 5.0) -> Path:
+    """A model directory on this machine for `spec`: the directory itself, or a hub id's files from the local
+    cache, else fetched from the hub. Fails fast and says why: a local path that is not a model, an id that
+    is not cached while offline or with the hub out of reach (one try, `timeout` seconds to connect), an id
+    the hub does not have or will not give (gated, private, disabled), a repository without safetensors."""
+    p = Path(spec).expanduser()
+    if p.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        return _check_dir(p, spec)
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import (DisabledRepoError, GatedRepoError, HfHubHTTPError, HFValidationError,
+                                        LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+    try:  # the cache first: no network at all for a model fetched before
+        return _check_dir(Path(snapshot_download(spec, allow_patterns=_HUB_FILES, local_files_only=True)), spec)
+    except HFValidationError:
+        raise ModelError(f"{spec!r} is not a local directory, nor a hub id of the form owner/name") from None
+    except (LocalEntryNotFoundError, ModelError, OSError):
+        pass  # not cached, or cached only in part
+    where = f"{spec!r} is not a local directory, and as a hub id it"
+    if _offline():
+        raise ModelError(f"{where} {_UNREACHABLE}: HF_HUB_OFFLINE is set")
+    try:
+        info = HfApi().model_info(spec, timeout=timeout)
+        if not any(f.rfilename.endswith(".safetensors") for f in info.siblings or []):
+            raise ModelError(f"hub model {spec!r} has no *.safetensors weights (only safetensors are loaded)")
+        return _check_dir(Path(snapshot_download(spec, allow_patterns=_HUB_FILES, etag_timeout=timeout)), spec)
+    except ModelError:
+        raise
+    except GatedRepoError:  # a subclass of RepositoryNotFoundError: first
+        raise ModelError(f"hub model {spec!r} is gated: request access on its hub page, then log in "
+                         "(`hf auth login`) on this machine") from None
+    except RepositoryNotFoundError:
+        raise ModelError(f"{where} does not exist on the hub (or is private: log in with a token that "
+                         "can read it)") from None
+    except RevisionNotFoundError:
+        raise ModelError(f"hub model {spec!r} has no main revision") from None
+    except DisabledRepoError:
+        raise ModelError(f"hub model {spec!r} has been disabled by its owner") from None
+    except HfHubHTTPError as e:  # the hub answered, with an error of its own (5xx, rate limit...)
+        raise ModelError(f"the hub refused {spec!r}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # no route, DNS, connect or read timeout: the client's own error types
+        why = str(e).strip().splitlines()[0] if str(e).strip() else "no details"
+        raise ModelError(f"{where} {_UNREACHABLE} ({type(e).__name__}: {why})") from None
+
+
 def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: str | None = None,
          forward: str = "ours") -> LM:
     """Load `bundled`, a local directory, or a hub id (safetensors only, no remote code), with `forward`
@@ -302,17 +369,9 @@ def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: st
                 model = AutoModelForCausalLM.from_pretrained(d, gguf_file=_GGUF, dtype=dt)
             name = BUNDLED_NAME
         else:
-            p = Path(spec).expanduser()
-            looks_local = p.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1
-            if looks_local:
-                if not p.is_dir():
-                    raise ModelError(f"model directory {spec!r} does not exist")
-                if not (p / "config.json").exists():
-                    raise ModelError(f"{spec!r} has no config.json: not a Hugging Face model directory")
-                if not list(p.glob("*.safetensors")):
-                    raise ModelError(f"{spec!r} has no *.safetensors weights (only safetensors are loaded)")
-            tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=False)
-            model = AutoModelForCausalLM.from_pretrained(spec, dtype=dt, use_safetensors=True,
+            d = local_dir(spec)
+            tok = AutoTokenizer.from_pretrained(d, trust_remote_code=False)
+            model = AutoModelForCausalLM.from_pretrained(d, dtype=dt, use_safetensors=True,
                                                          trust_remote_code=False)
             name = spec
     except ModelError:
@@ -320,7 +379,8 @@ def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: st
     except torch.cuda.OutOfMemoryError as e:  # pragma: no cover - GPU only
         raise ModelError(f"GPU out of memory loading {spec!r}: pick a smaller model or run on the CPU") from e
     except Exception as e:  # transformers raises OSError/ValueError/... with long messages
-        raise ModelError(f"could not load model {spec!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "no details"
+        raise ModelError(f"could not load model {spec!r}: {type(e).__name__}: {first}") from e
     model = model.to(dev).eval()
     return attach_forward(LM(model, tok, name, dt, dev), forward)
 

@@ -61,7 +61,7 @@ def test_missing_directory(tmp_path):
 def test_path_is_a_file(tmp_path):
     f = tmp_path / "model.safetensors"
     f.write_bytes(b"")
-    with pytest.raises(ModelError, match="does not exist"):
+    with pytest.raises(ModelError, match="is a file, not a model directory"):
         load(str(f), dtype="fp32")
 
 
