@@ -13,8 +13,11 @@ from specdec_core.bench.theory import expected_speedup, expected_tokens_per_step
 from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_k"
+POLICIES = {"schedule": "schedule: +2 after a fully accepted draft, −1 otherwise (transformers' heuristic)",
+            "confidence": "confidence: a model draft stops when its top probability < 0.4 (lookup ignores it)"}
 KS = list(range(1, 13))
-measure.settle(KEY, k_workload=measure.workload_or_first("extraction"), k_prompts=2, k_max_new=32)
+measure.settle(KEY, k_workload=measure.workload_or_first("extraction"), k_prompts=2, k_max_new=32,
+               k_policies=list(POLICIES))
 
 st.title("Draft length k: how far ahead should the drafter guess?")
 st.markdown(
@@ -35,16 +38,29 @@ with c2:
                       key="k_workload", format_func=lambda n: WORKLOADS[n].label)
     n_prompts = st.slider("Prompts", 1, len(WORKLOADS[wl].prompts), key="k_prompts")
     max_new = int(st.number_input("New tokens per prompt", 4, 256, step=8, key="k_max_new"))
+    policies = st.multiselect("Adaptive draft lengths, measured too", list(POLICIES), key="k_policies",
+                              format_func=POLICIES.get,
+                              help="Each is one more point per drafter, drawn as a level line beside the fixed-k "
+                                   "points. Its k is the largest k above (the schedule's start, confidence's "
+                                   "bound).")
 params = {"drafters": ", ".join(measure.label(n, s) for n in names) or "none",
           "k": ", ".join(map(str, ks)), "workload": wl, "prompts": n_prompts, "new tokens": max_new,
-          "temperature": s.temperature, "top-p": s.top_p, "seed": s.seed}
+          "temperature": s.temperature, "top-p": s.top_p, "seed": s.seed,
+          "policies": ", ".join(policies) or "none"}
 go_clicked = st.button("Sweep the draft length", type="primary", key="k_go", icon=":material/straighten:",
                        disabled=not (names and ks))
 st.caption(f"Sidebar settings used: temperature {s.temperature:g}, top-p {s.top_p:g}, seed {s.seed} "
            "(the sidebar's k is replaced by the values above).")
 
 
+def fixed(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if "k_policy" not in r]
+
+
 def figure(rows: list[dict]) -> go.Figure:
+    adaptive, rows = [r for r in rows if "k_policy" in r], fixed(rows)
+    if not rows:
+        return measure.layout(go.Figure(), 480)
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07,
                         subplot_titles=["speedup (×): measured vs predicted", "tokens per step",
                                         "acceptance at each draft position"])
@@ -85,6 +101,12 @@ def figure(rows: list[dict]) -> go.Figure:
     fig.update_xaxes(title="draft position (1 = first guess)", dtick=1, row=1, col=3)
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
     fig.update_yaxes(rangemode="tozero", row=1, col=2)
+    for r in adaptive:   # a policy has no single k: a level line across the fixed-k points
+        fig.add_scatter(x=[grid[0], grid[-1]], y=[r["speedup"]] * 2, mode="lines+text", row=1, col=1,
+                        line=dict(color=measure.color(r["drafter"]), width=2,
+                                  dash="dash" if r["k_policy"] == "schedule" else "dashdot"),
+                        text=["", f"{r['k_policy']} {r['speedup']:.2f}×"], textposition="top left",
+                        name=f"{r['drafter']}: {r['k_policy']} (adaptive)", legendgroup=r["drafter"])
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=3)
     return measure.layout(fig, 480, below=True, barmode="group")
 
@@ -94,10 +116,15 @@ def points(tgt, specs, live):
     sp = measure.sampling(s.temperature, s)
     yield from measure.sweep_points(sweeps.sweep_k, tgt, specs, ids, ks, s, live, temperature=sp.temperature,
                                     max_new_tokens=max_new, seed=sp.seed, top_p=sp.top_p)
+    if policies:
+        yield from measure.sweep_points(sweeps.sweep_policy, tgt, specs, ids, policies, s, live, k=max(ks),
+                                        temperature=sp.temperature, max_new_tokens=max_new, seed=sp.seed,
+                                        top_p=sp.top_p)
 
 
 def sweep() -> None:
-    measure.measure(KEY, params, names, s, lambda specs: 2 * sweeps.REPEATS * len(specs) * len(ks) * n_prompts,
+    measure.measure(KEY, params, names, s,
+                    lambda specs: 2 * sweeps.REPEATS * len(specs) * (len(ks) + len(policies)) * n_prompts,
                     points, figure, "Sweeping")
 
 
@@ -106,8 +133,9 @@ res = measure.results(KEY, params, go_clicked, sweep,
 
 measure.noise_note(res.rows)
 st.plotly_chart(figure(res.rows), key="k_chart", width="stretch")
-df = pd.DataFrame(res.rows)
-th = theory(res.rows)
+adaptive = [r for r in res.rows if "k_policy" in r]
+df = pd.DataFrame(fixed(res.rows))
+th = theory(fixed(res.rows))
 for d, t in th.items():
     g = df[df["drafter"] == d].sort_values("k")
     best = g.loc[g["speedup"].idxmax()]
@@ -124,7 +152,9 @@ for d, t in th.items():
         f"target forward pass {t['forward_ms']:.1f} ms (both from the steps' own timers, prefill left out). "
         f"Among k = 1…{max(KS)} the formula peaks at **k = {kbest}** (predicted {pred[kbest]:.2f}×); the best "
         f"measured k was "
-        f"**{int(best['k'])}** at **{best['speedup']:.2f}×**.{vtxt}")
+        f"**{int(best['k'])}** at **{best['speedup']:.2f}×**.{vtxt}"
+        + "".join(f" Adaptive **{r['k_policy']}** (k up to {r['k']}): **{r['speedup']:.2f}×**, "
+                  f"{r['mean_acceptance_length']:.2f} tokens per step." for r in adaptive if r["drafter"] == d))
 st.markdown(
     "**How to read it.** Dotted lines are the prediction, dots the measurement. Left: speedup. Middle: tokens "
     "committed per target pass, (1 − α^(k+1)) / (1 − α), which ignores cost. Right: the share of guesses at "

@@ -142,6 +142,10 @@ def test_draft_length_page_draws_leviathan_from_measured_alpha_and_c():
     click(at, "k_go")
     res = at.session_state["measure_k"]
     assert res.status == "done", res.error
+    adaptive = [r for r in res.rows if "k_policy" in r]
+    assert [(r["k_policy"], r["k"]) for r in adaptive] == [("schedule", 3), ("confidence", 3)]
+    assert all(f"Adaptive **{r['k_policy']}** (k up to 3): **{r['speedup']:.2f}×**" in text(at) for r in adaptive)
+    res.rows = [r for r in res.rows if "k_policy" not in r]
     assert [r["k"] for r in res.rows] == [1, 3]
     for r in res.rows:
         assert len(r["per_position_acceptance"]) <= r["k"]

@@ -198,6 +198,17 @@ def sweep_k(target: LM, drafter: str, prompts: list, ks: Iterable[int], temperat
         yield {"k": int(k), "drafter": drafter, **point(pair, drafter)}
 
 
+def sweep_policy(target: LM, drafter: str, prompts: list, policies: Iterable[str], k: int, temperature: float = 0.0,
+                 max_new_tokens: int = 64, seed: int = 0, top_p: float = 1.0, draft_lm=None, tick: Tick = None,
+                 repeats: int | None = None, draft: str = "sample") -> Iterator[dict]:
+    """One point per draft-length policy (policy.py), k being the schedule's start and the confidence bound."""
+    sp = SamplingParams(temperature, 0, top_p, seed, draft)
+    for pol in policies:
+        pair = side_by_side(target, prompts, sp, int(k), max_new_tokens, [(drafter, draft_lm)], at(tick, pol),
+                            repeats, k_policy=pol)
+        yield {"k_policy": pol, "k": int(k), "drafter": drafter, **point(pair, drafter)}
+
+
 def sweep_batch(target: LM, drafter: str, prompts: list, batch_sizes: Iterable[int], k: int | None = None,
                 temperature: float = 0.0, max_new_tokens: int = 32, seed: int = 0, top_p: float = 1.0,
                 draft_lm=None, tick: Tick = None, repeats: int | None = None,
