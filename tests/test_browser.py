@@ -193,6 +193,9 @@ def test_generate_animate_step_to_a_rejection_and_back(server, browser, tmp_path
     assert "rejected" in rejected.get_attribute("title") and "p(x) =" in rejected.get_attribute("title")
     assert "tok-resampled" in page.locator(".context-strip .tok").last.get_attribute("class")  # drawn in its place
     assert page.locator(".text-so-far .tok-accepted, .text-so-far .tok-resampled").count() > 0
+    # every token has visible text: a space is ␣, a newline ↵ (a resampled space was an empty orange box)
+    chips = page.locator(".text-so-far .tok, .context-strip .tok").all_inner_texts()
+    assert chips and all(t.strip() for t in chips), chips
     assert "Rejected" in heading(page)
     page.screenshot(path=str(tmp_path / "step-rejection.png"), full_page=True)
     assert (tmp_path / "step-rejection.png").stat().st_size > 10_000
@@ -233,6 +236,8 @@ def test_a_long_run_streams_and_can_be_stopped(server, browser, tmp_path):
     button(page, "generate").click()
     # steps stream in while it decodes: the live text grows before the run ends
     page.locator(".text-so-far .tok").first.wait_for(timeout=SLOW_MS)
+    # nothing stale under the live run: the "press Generate" hint is gone as soon as the run starts
+    assert page.get_by_text("press Generate", exact=False).count() == 0
     button(page, "stop").click()
     page.get_by_text("Stopped after", exact=False).wait_for(timeout=60_000)
     settle(page)
