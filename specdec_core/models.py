@@ -49,7 +49,10 @@ class LM:
 
     def __post_init__(self):
         self.cache_arg = cache_kw(self.model)
-        self.n_tokens = token_count(self.tokenizer, self.vocab_size)
+        # the config's size, not the head's rows: a head restricted to a draft vocabulary (distilled.SubsetHead)
+        # has fewer rows but scatters its logits back to the whole vocabulary
+        rows = int(getattr(self.model.config, "vocab_size", 0) or self.vocab_size)
+        self.n_tokens = token_count(self.tokenizer, rows)
 
     def cut(self, logits: torch.Tensor) -> torch.Tensor:
         """[.., rows] head logits -> [.., n_tokens]: a padded head's extra rows are no token (p = 0 there)."""

@@ -220,3 +220,13 @@ def test_bundled(bundled):
     assert bundled.tokenizer.decode(raw) == "Name a colour."
     with pytest.raises(Exception, match="empty"):
         bundled.encode("  ")
+
+
+def test_a_draft_vocabulary_head_still_scores_every_token(bundled):
+    """The shipped draft's head holds only its draft vocabulary's rows but scatters back to all 49152 ids:
+    n_tokens follows the config, not the head's rows (else its logits would be cut to the first 8192 ids)."""
+    from specdec_core.drafters.distilled import shipped_draft
+    d = shipped_draft(bundled)
+    assert d.vocab_size < d.n_tokens == bundled.n_tokens == 49152
+    logits = d.forward(bundled.encode("Hi"), d.new_cache())
+    assert logits.shape[-1] == 49152 and torch.isfinite(logits).sum(-1).min() == 8192
