@@ -35,6 +35,7 @@ class Gate:
         self.holder: Ticket | None = None
         self.turns: deque[float] = deque(maxlen=window)   # lengths of recent turns, seconds
         self.served = 0                    # turns given, for tests and reports
+        self.finished: deque[dict] = deque(maxlen=8 * window)   # one summary per closed Gated, for reports
 
     def ticket(self, who: str = "") -> Ticket:
         return Ticket(self, who)
@@ -89,6 +90,7 @@ class Ticket:
         self.asked = 0.0          # when it joined the line
         self.turns = 0            # turns taken
         self.first_wait = 0.0     # seconds queued before the first turn
+        self.started = 0.0        # when the first turn began (monotonic)
         self.waited = 0.0         # seconds queued in all
 
     @property
@@ -164,7 +166,8 @@ class Ticket:
         g.holder, g.served = self, g.served + 1
         self.thread, self.since = threading.current_thread(), time.monotonic()
         wait = self.since - self.asked
-        self.first_wait = wait if self.turns == 0 else self.first_wait
+        if self.turns == 0:
+            self.first_wait, self.started = wait, self.since
         self.waited += wait
         self.turns += 1
         return True
@@ -207,6 +210,10 @@ class Gated:
                 items.close()
         finally:
             self.ticket.release()
+            t = self.ticket
+            if items is not None and t.turns:
+                t.gate.finished.append({"who": t.who, "first_wait_s": t.first_wait, "waited_s": t.waited,
+                                        "turns": t.turns, "span_s": time.monotonic() - t.started})
 
     def __del__(self):
         self.close()
