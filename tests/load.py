@@ -32,6 +32,9 @@ import app.turns  # noqa: E402
 from specdec_core import SamplingParams, drafters, engine  # noqa: E402
 
 MAIN = str(ROOT / "app" / "main.py")
+# AppTest swaps process-wide state (its mock runtime, the page registry) on every run; set-up runs switch pages
+# and collide when many start together, so sessions set up one at a time and only the clicks run at once
+SETUP = threading.Lock()
 TIMEOUT = 900
 SUBJECTS = ["cats", "rivers", "bread", "trains", "the moon", "bees", "chess", "rain", "glass", "maps",
             "owls", "salt", "bridges", "clocks", "snow", "ink", "ferns", "kites", "copper", "tides",
@@ -76,7 +79,8 @@ class Session:
 
     def __call__(self) -> None:
         try:
-            self.setup()
+            with SETUP:
+                self.setup()
         except BaseException as e:   # noqa: BLE001 -- reported, never raised from a thread
             self.error = f"setup: {type(e).__name__}: {e}"
         self.barrier.wait()

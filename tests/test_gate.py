@@ -28,7 +28,7 @@ def run_all(gate: Gate, jobs: dict[str, int], starts: dict[str, float]) -> tuple
     def one(name, n):
         time.sleep(starts.get(name, 0.0))
         try:
-            out = list(Gated(gate, work(n, log, name, inside), who=name))
+            out = list(Gated(gate, work(n, log, name, inside), who=name, last=lambda i: i == n - 1))
             assert out == list(range(n))
             done[name] = time.monotonic()
         except BaseException as e:  # surfaced in the main thread
@@ -51,6 +51,9 @@ def test_a_short_run_finishes_before_two_long_runs_that_came_first():
     window = log[first_short - 2:first_short + 7]
     assert window.count("short") == 3 and sorted(set(window)) == ["long1", "long2", "short"]
     assert not gate.busy() and gate.waiting() == 0
+    runs = {f["who"]: f for f in gate.finished}   # each run's summary: three turns for three units
+    assert set(runs) == {"long1", "long2", "short"} and runs["short"]["turns"] == 3
+    assert runs["long1"]["first_wait_s"] < 0.05 <= runs["short"]["span_s"]
 
 
 def test_without_turns_the_first_long_run_holds_to_its_end():
@@ -115,6 +118,22 @@ def test_a_generator_closed_mid_run_gives_the_gate_back():
     # and the next visitor gets it at once
     with gate.hold("b") as t:
         assert t.held and t.first_wait < 0.5
+
+
+def test_without_a_last_item_the_end_costs_one_more_turn():
+    """The control for `last`: a run that cannot tell its final item waits in line once more to find out."""
+    gate = Gate(turn_s=0.0)
+    a, b = Gated(gate, iter([1]), who="a"), Gated(gate, iter([1]), who="b", last=lambda x: True)
+    assert next(a) == 1 and a.ticket.held
+    got = []
+    tb = threading.Thread(target=lambda: got.extend(b))
+    tb.start()
+    while gate.waiting() < 1:
+        time.sleep(0.001)
+    with pytest.raises(StopIteration):
+        next(a)          # a's turn is over (b waits): a goes to the back, b takes its only turn
+    tb.join(5)
+    assert got == [1] and a.ticket.turns == 2 and b.ticket.turns == 1 and not gate.busy()
 
 
 def test_a_run_that_fails_or_ends_gives_the_gate_back():

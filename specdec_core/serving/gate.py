@@ -179,14 +179,15 @@ class Gated:
 
     `on_wait(place, eta)` may be set after construction (a page sets it once it has drawn its progress bar);
     `shift(item, seconds)` corrects an item for the time queued since the first turn (a record's clock runs
-    through the waits). close() -- or the end of the items, or an error -- gives the turn back and closes
-    the items."""
+    through the waits); `last(item)` says an item is the final one, so the turn is given back with it
+    rather than after another wait in line just to learn that the items are over. close() -- or the end of
+    the items, or an error -- gives the turn back and closes the items."""
 
     def __init__(self, gate: Gate, items: Iterable, who: str = "", on_wait: OnWait = None,
-                 shift: Callable[[Any, float], Any] | None = None):
+                 shift: Callable[[Any, float], Any] | None = None, last: Callable[[Any], bool] | None = None):
         self.ticket = gate.ticket(who)
         self.items: Iterator | None = iter(items)
-        self.on_wait, self.shift = on_wait, shift
+        self.on_wait, self.shift, self.last = on_wait, shift, last
 
     def __iter__(self) -> Gated:
         return self
@@ -201,6 +202,8 @@ class Gated:
             self.close()
             raise
         paused = self.ticket.waited - self.ticket.first_wait
+        if self.last is not None and self.last(item):
+            self.close()
         return self.shift(item, paused) if self.shift is not None and paused else item
 
     def close(self) -> None:
