@@ -48,7 +48,8 @@ def _unpause(rec, seconds: float):
 
 def queued(records: Iterable, on_wait: OnWait = None) -> Gated:
     """A stream of step records, each made while holding a turn at the model; set `.on_wait` to show the wait."""
-    return Gated(gate(), records, who=who(), on_wait=on_wait, shift=_unpause)
+    return Gated(gate(), records, who=who(), on_wait=on_wait, shift=_unpause,
+                 last=lambda rec: bool(getattr(rec, "done", False)))
 
 
 @contextmanager
