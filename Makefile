@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PORT    ?= 8501
 STAMP   := $(VENV)/.setup-stamp
 
-.PHONY: setup run test bench demo clean
+.PHONY: setup run test load-test bench demo clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,11 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q tests
+
+# a classroom at once: 20 sessions press Generate together (a few minutes); SESSIONS=30 make load-test
+SESSIONS ?= 20
+load-test: setup
+	$(BIN)/python tests/load.py --sessions $(SESSIONS)
 
 bench: setup
 	$(BIN)/python -m specdec_core bench --prompts specdec_core/prompts/extraction.jsonl --drafter lookup --max-new-tokens 96

@@ -22,7 +22,7 @@ from specdec_core import InputError, SamplingParams, drafters
 from specdec_core.bench.sweeps import NOISY
 from specdec_core.bench.workloads import WORKLOADS
 
-from . import runs
+from . import runs, turns
 from .runs import Settings, UserError
 
 SPEC = tuple(n for n in drafters.NAMES if n != "none")   # what can be measured against the baseline
@@ -91,12 +91,18 @@ class Live:
     def __init__(self, key: str, total: int, label: str):
         self.key, self.total, self.label, self.n, self.draws, self.shown = key, max(1, total), label, 0, 0, -1.0
         self.t0 = time.perf_counter()
+        self.turn = None        # the turn at the shared model while collecting: ticks are where others get in
         self.box = st.empty()   # cleared when the measurement ends; the finished result takes its place
         with self.box.container(border=True):
             self.bar = st.progress(0.0, text=f"{label}…")
             self.chart = st.empty()
 
+    def waiting(self, place: int, eta: float) -> None:
+        self.bar.progress(min(1.0, self.n / self.total), text=turns.message(place, eta) + "…")
+
     def tick(self, what: str = "") -> None:
+        if self.turn is not None:   # between two runs: never inside one, so no run's timing includes a wait
+            self.turn.spell(self.waiting)
         self.n += 1
         frac = min(1.0, self.n / self.total)
         if frac - self.shown < 0.01 and self.n < self.total:   # many tiny runs: redraw the bar every 1%
@@ -115,14 +121,20 @@ class Live:
 
 def collect(res: Result, points: Iterable[dict], live: Live | None = None,
             figure: Callable[[list[dict]], go.Figure] | None = None) -> Result:
-    """Consume a stream of points into res, redrawing the live chart after each; errors become a message."""
+    """Consume a stream of points into res, redrawing the live chart after each; errors become a message.
+    The whole measurement holds a turn at the shared model (app/turns.py), letting others in between runs."""
     t0 = time.perf_counter()
+    on_wait = live.waiting if live is not None else None
     try:
-        for p in points:
-            res.rows.append(p)
-            res.seconds = time.perf_counter() - t0
-            if live is not None and figure is not None:
-                live.draw(figure(res.rows))
+        with turns.hold(on_wait) as turn:
+            if live is not None:
+                live.turn = turn
+            for p in points:
+                res.rows.append(p)
+                res.seconds = time.perf_counter() - t0
+                if live is not None and figure is not None:
+                    live.draw(figure(res.rows))
+                turn.spell(on_wait)
         res.status = "done"
     except Exception as e:  # every failure becomes a message on the page, keeping the points made so far
         res.status, res.error = "failed", runs.friendly(e)

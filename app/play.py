@@ -12,7 +12,7 @@ import streamlit as st
 
 from specdec_core.records import StepRecord
 
-from . import runs, view
+from . import runs, turns, view
 
 
 def slots():
@@ -22,7 +22,14 @@ def slots():
 
 def stream(run: runs.Run, records: Iterator[StepRecord], prog, live, label: Callable[[StepRecord], str]) -> None:
     """Append each record to the run as it is decoded, moving `prog` and redrawing the text in `live`.
-    On an error the run is marked stopped (its steps so far stay replayable) and the error goes on up."""
+    While the run waits for its turn at the shared model, `prog` says its place in line.
+    On an error the run is marked stopped (its steps so far stay replayable) and the error goes on up;
+    however the loop ends (a Stop or rerun included), the records are closed, giving the model's turn back."""
+    def waiting(place: int, eta: float) -> None:
+        done = run.records[-1].n_generated / run.settings.max_new_tokens if run.records else 0.0
+        prog.progress(min(1.0, done), text=turns.message(place, eta) + "…")
+    if hasattr(records, "on_wait"):
+        records.on_wait = waiting
     try:
         for rec in records:
             run.records.append(rec)
@@ -31,6 +38,9 @@ def stream(run: runs.Run, records: Iterator[StepRecord], prog, live, label: Call
     except Exception:
         run.status = "stopped"
         raise
+    finally:
+        if hasattr(records, "close"):
+            records.close()
     run.status = "done"
 
 

@@ -19,6 +19,8 @@ from specdec_core import drafters
 from specdec_core.metrics import RunMetrics, summarize
 from specdec_core.records import StepRecord
 
+from . import limits, turns
+
 BUNDLED = "bundled"
 DISTILLED = "distilled"
 
@@ -107,6 +109,8 @@ def make_drafter(s: Settings, tgt):
         if not spec:
             raise UserError("The draft model is empty: type `bundled` (the target drafts for itself), "
                             "`distilled` (the small draft shipped for it), a local model directory or a hub id.")
+        if (why := limits.refusal(spec)) is not None:   # before anything is loaded
+            raise UserError(why)
         try:  # `distilled`: no model given, so the core picks the draft shipped for this target, if any
             draft_lm = tgt if spec == BUNDLED else None if spec == DISTILLED else model(spec)
         except ModelError as e:
@@ -164,6 +168,8 @@ def note(tgt, n_prompt: int, max_new: int) -> str:
 def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
     """Validate everything first (so errors come before any output), then return the run and its stream."""
     check_prompt(s.prompt)
+    if int(s.max_new_tokens) > (cap := limits.max_new_tokens()):
+        raise UserError(limits.over_cap(int(s.max_new_tokens), cap))
     tgt = target()
     drafter = make_drafter(s, tgt)
     try:
@@ -176,14 +182,15 @@ def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
     except InputError as e:
         raise UserError(str(e)[:1].upper() + str(e)[1:] + ".") from e
     run = Run(s, ids, tgt.tokenizer.decode(ids), note=note(tgt, len(ids), int(s.max_new_tokens)))
-    return run, engine.decode(tgt, drafter, ids, sp=sp, k=k, max_new_tokens=int(s.max_new_tokens))
+    # one turn at the shared model at a time (app/turns.py); the page sets .on_wait to show the line
+    return run, turns.queued(engine.decode(tgt, drafter, ids, sp=sp, k=k, max_new_tokens=int(s.max_new_tokens)))
 
 
-def baseline(s: Settings, prompt_ids: list[int]) -> list[StepRecord]:
+def baseline(s: Settings, prompt_ids: list[int], on_wait=None) -> list[StepRecord]:
     """Plain decoding (the `none` drafter) on the same prompt and settings: the speedup's denominator."""
     tgt = target()
-    return list(engine.decode(tgt, drafters.make("none", tgt), prompt_ids, sp=s.sampling(), k=0,
-                              max_new_tokens=int(s.max_new_tokens)))
+    return list(turns.queued(engine.decode(tgt, drafters.make("none", tgt), prompt_ids, sp=s.sampling(), k=0,
+                                           max_new_tokens=int(s.max_new_tokens)), on_wait))
 
 
 def friendly(e: BaseException) -> str:

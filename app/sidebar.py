@@ -9,6 +9,7 @@ from specdec_core import drafters
 from specdec_core.sampling import MAX_TEMPERATURE
 from specdec_core.bench.workloads import WORKLOADS
 
+from . import limits
 from .runs import BUNDLED, FORWARDS, Settings
 
 CUSTOM = "custom"
@@ -124,16 +125,28 @@ def build() -> Settings:
     sb.text_input("Draft model", key="draft_model", disabled=ss.drafter != "draft",
                   help="For the `draft` drafter: `bundled` lets the target draft for itself (at temperature 0 "
                        "every draft is accepted); `distilled` uses the small draft trained for it, where shipped; "
-                       "or a local model directory / hub id with the same vocabulary.")
+                       "or a local model directory / hub id with the same vocabulary. This server lets a visitor "
+                       f"load: {limits.described()} (setting `{limits.ENV_MODELS}`).")
+    if ss.drafter == "draft":
+        sb.caption(f"Draft models a visitor may load on this server: {limits.described()}.")
     sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=ss.drafter == "none")
 
     sb.markdown("### Sampling")
     sb.slider("Temperature", *BOUNDS["temperature"], step=0.05, key="temperature",
               help="0 is greedy: the target always takes its most likely token.")
     sb.slider("Top-p", *BOUNDS["top_p"], step=0.05, key="top_p", help="1 keeps the whole distribution.")
+    try:
+        cap = limits.max_new_tokens()
+    except ValueError as e:   # the operator's setting is malformed: say so, keep the default
+        sb.error(f"{str(e)[:1].upper()}{str(e)[1:]}; using {limits.DEFAULT_TOKENS}.")
+        cap = limits.DEFAULT_TOKENS
+    if int(ss.max_new_tokens) > cap:   # from a link or an older session: clamped before the widget draws
+        sb.warning(limits.cap_note(int(ss.max_new_tokens), cap), icon=":material/warning:")
+        ss.max_new_tokens = cap
     c1, c2 = sb.columns(2)
     c1.number_input("Seed", *BOUNDS["seed"], step=1, key="seed")
-    c2.number_input("Max new tokens", *BOUNDS["max_new_tokens"], step=8, key="max_new_tokens")
+    c2.number_input("Max new tokens", BOUNDS["max_new_tokens"][0], min(cap, BOUNDS["max_new_tokens"][1]), step=8,
+                    key="max_new_tokens", help=f"At most {cap} on this server (setting `{limits.ENV_TOKENS}`).")
 
     sb.markdown("### Numerics")
     sb.radio("Forward", list(FORWARDS), key="forward", format_func=FORWARDS.get, horizontal=True,

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app import measure, sidebar
+from app import limits, measure, sidebar
 from specdec_core.bench import sweeps
 from specdec_core.bench.workloads import WORKLOADS
 
@@ -32,7 +32,7 @@ with c2:
     wl = st.selectbox("Requests from the workload", list(WORKLOADS), key="bs_workload",
                       format_func=lambda n: WORKLOADS[n].label,
                       help="A batch of B requests cycles through this workload's prompts.")
-    max_new = int(st.number_input("New tokens per request", 4, 256, step=8, key="bs_max_new"))
+    max_new = limits.tokens_input(st, "New tokens per request", 4, 256, key="bs_max_new", step=8)
 params = {"drafters": ", ".join(measure.label(n, s) for n in names) or "none", "k": s.k,
           "batch sizes": ", ".join(map(str, sizes)), "workload": wl, "new tokens": max_new,
           "temperature": s.temperature, "seed": s.seed}

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 import torch
 
-from app import measure, runs, sidebar
+from app import limits, measure, runs, sidebar
 from app.view import show
 from specdec_core import SamplingParams, drafters, engine
 from specdec_core.bench import invariance
@@ -53,7 +53,7 @@ st.header("1 · Greedy: the same tokens, on and off")
 c1, c2 = st.columns(2)
 n_prompts = c1.slider("Prompts from the fixed set", 1, len(PROMPTS), key="ct_prompts",
                       help="Two prompts from each workload: code, JSON, extraction, chat, creative.")
-max_new = int(c2.number_input("New tokens per prompt", 4, 256, step=8, key="ct_max_new"))
+max_new = limits.tokens_input(c2, "New tokens per prompt", 4, 256, key="ct_max_new", step=8)
 g_params = {"drafters": ", ".join(measure.label(n, s) for n in names) or "none", "k": s.k, "prompts": n_prompts,
             "new tokens": max_new}
 g_clicked = st.button("Run the greedy check", type="primary", key="ct_greedy_go", icon=":material/difference:",
@@ -170,7 +170,7 @@ st.markdown(
     "there, and how far that position's logits move between one-token and (k + 1)-token scoring, for both.")
 c1, c2 = st.columns(2)
 f_prompts = c1.slider("Prompts from the fixed set", 1, len(PROMPTS), key="ct_f_prompts")
-f_new = int(c2.number_input("New tokens per prompt", 8, 256, step=8, key="ct_f_new"))
+f_new = limits.tokens_input(c2, "New tokens per prompt", 8, 256, key="ct_f_new", step=8)
 f_params = {"drafter": "lookup", "k": s.k, "prompts": f_prompts, "new tokens": f_new}
 f_clicked = st.button("Compare the two forwards", type="primary", key="ct_forward_go", icon=":material/memory:")
 

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app import measure, sidebar
+from app import limits, measure, sidebar
 from specdec_core.bench import sweeps
 from specdec_core.bench.theory import expected_speedup, expected_tokens_per_step, theory
 from specdec_core.bench.workloads import WORKLOADS
@@ -37,7 +37,7 @@ with c2:
     wl = st.selectbox("Prompts from the workload", [n for n in WORKLOADS if WORKLOADS[n].batch_size == 1],
                       key="k_workload", format_func=lambda n: WORKLOADS[n].label)
     n_prompts = st.slider("Prompts", 1, len(WORKLOADS[wl].prompts), key="k_prompts")
-    max_new = int(st.number_input("New tokens per prompt", 4, 256, step=8, key="k_max_new"))
+    max_new = limits.tokens_input(st, "New tokens per prompt", 4, 256, key="k_max_new", step=8)
     policies = st.multiselect("Adaptive draft lengths, measured too", list(POLICIES), key="k_policies",
                               format_func=POLICIES.get,
                               help="Each is one more point per drafter, drawn as a level line beside the fixed-k "

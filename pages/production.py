@@ -4,7 +4,7 @@ baseline) run here on the real model, with a report to download."""
 import pandas as pd
 import streamlit as st
 
-from app import runs, sidebar
+from app import runs, sidebar, turns
 from specdec_core.serving import checklist, engines
 
 st.title("Road to production")
@@ -53,8 +53,9 @@ if st.button("Run the checklist", key="run_checklist", type="primary", disabled=
         tgt = runs.target()
         runs.make_drafter(s, tgt)  # errors (an incompatible draft, a missing model) before any decoding
         prompts = [p for n, p in pool if n in chosen]
-        res = checklist.run(tgt, lambda: runs.make_drafter(s, tgt), prompts, int(s.k), int(n_tok),
-                            on_step=lambda i, n: bar.progress(i / n, text=f"{i} of {n} prompts"))
+        with turns.hold(turns.shown(bar)):   # one turn at the shared model for the whole checklist
+            res = checklist.run(tgt, lambda: runs.make_drafter(s, tgt), prompts, int(s.k), int(n_tok),
+                                on_step=lambda i, n: bar.progress(i / n, text=f"{i} of {n} prompts"))
         st.session_state.checklist = (s, res)
     except Exception as e:  # every failure is a message, never a traceback
         st.error(runs.friendly(e))

@@ -6,7 +6,7 @@ import time
 
 import streamlit as st
 
-from app import play, runs, sidebar, view
+from app import play, runs, sidebar, turns, view
 from specdec_core import drafters, engine
 from specdec_core.bench import sweeps
 
@@ -46,12 +46,14 @@ def again(plain: runs.Run, spec: runs.Run, col) -> dict:
     lanes = {"none": (drafters.make("none", tgt), 0), "spec": (runs.make_drafter(s, tgt), int(s.k))}
     tps = {"none": [plain.metrics.tokens_per_s], "spec": [spec.metrics.tokens_per_s]}
     prog = col.progress(0.0, text="Timing the pair again, so the speedup is a median…")
-    for r in range(1, sweeps.REPEATS):
-        for name in (["spec", "none"] if r % 2 else ["none", "spec"]):
-            d, k = lanes[name]
-            m = engine.run(tgt, d, ids, sp=s.sampling(), k=k, max_new_tokens=n, detail=False)[2]
-            tps[name].append(m.tokens_per_s)
-        prog.progress(r / (sweeps.REPEATS - 1), text=f"Timed {r + 1} of {sweeps.REPEATS} pairs")
+    with turns.hold(turns.shown(prog)) as turn:   # the shared model, one turn at a time (app/turns.py)
+        for r in range(1, sweeps.REPEATS):
+            for name in (["spec", "none"] if r % 2 else ["none", "spec"]):
+                d, k = lanes[name]
+                m = engine.run(tgt, d, ids, sp=s.sampling(), k=k, max_new_tokens=n, detail=False)[2]
+                tps[name].append(m.tokens_per_s)
+            prog.progress(r / (sweeps.REPEATS - 1), text=f"Timed {r + 1} of {sweeps.REPEATS} pairs")
+            turn.spell()   # between pairs (never inside one) others may take a turn
     return sweeps.ratios(tps["spec"], tps["none"])
 
 

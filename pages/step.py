@@ -4,7 +4,7 @@ import time
 
 import streamlit as st
 
-from app import captions, frames, play, runs, sidebar, view
+from app import captions, frames, play, runs, sidebar, turns, view
 from specdec_core.metrics import summarize
 
 BASE_S = 0.9  # seconds per frame at 1x
@@ -50,7 +50,7 @@ def generate(s: runs.Settings) -> None:
             run.baseline = run.metrics
         else:
             prog.progress(1.0, text="Decoding the same prompt plainly (no drafter) to measure the speedup…")
-            run.baseline = summarize(runs.baseline(s, run.prompt_ids))
+            run.baseline = summarize(runs.baseline(s, run.prompt_ids, turns.shown(prog)))
     except Exception as e:
         ss.step_error = runs.friendly(e)
     holder.empty()

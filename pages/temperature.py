@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app import measure, sidebar
+from app import limits, measure, sidebar
 from specdec_core.bench import sweeps
 from specdec_core.bench.workloads import WORKLOADS
 
@@ -43,7 +43,7 @@ with c2:
                              "the draft's most likely token, a one-hot q, kept with probability p(x) (serving "
                              "engines' default). Both are exact; only acceptance differs. Copying and tree drafters "
                              "(lookup, suffix, medusa) are deterministic either way.")
-    max_new = int(st.number_input("New tokens per prompt", 4, 256, step=8, key="temp_max_new"))
+    max_new = limits.tokens_input(st, "New tokens per prompt", 4, 256, key="temp_max_new", step=8)
 params = {"drafters": ", ".join(measure.label(n, s) for n in names) or "none", "k": s.k,
           "temperatures": ", ".join(f"{t:g}" for t in temps), "workload": wl, "prompts": n_prompts,
           "new tokens": max_new, "top-p": s.top_p, "seed": s.seed, "drafting": DRAFTING[drafting]}

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from app import nav, runs, sidebar, view
+from app import nav, runs, sidebar, turns, view
 from app.classroom import REPEAT
 from specdec_core import IncompatibleModels, SamplingParams, check_compatible, drafters, engine
 from specdec_core.serving import checklist
@@ -33,9 +33,12 @@ def live(key: str, label: str, fn) -> object | None:
     """A button that runs `fn` once per click and keeps its result in the session; errors are messages."""
     slot = f"wt_result_{key}"
     if st.button(label, key=f"wt_run_{key}", type="primary"):
+        line = st.empty()   # the place in line while another session has the model
         with st.spinner("Running the real decoder…"):
             try:
-                st.session_state[slot] = fn()
+                with turns.hold(lambda place, eta: line.info(turns.message(place, eta) + "…")):
+                    line.empty()
+                    st.session_state[slot] = fn()
             except Exception as e:  # a message on the page, never a traceback
                 st.session_state.pop(slot, None)
                 st.error(runs.friendly(e))

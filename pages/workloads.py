@@ -5,7 +5,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import measure, sidebar
+from app import limits, measure, sidebar
 from specdec_core.bench import sweeps
 from specdec_core.bench.workloads import WORKLOADS
 
@@ -32,7 +32,7 @@ with c2:
     most = max(len(w.prompts) for w in WORKLOADS.values() if w.batch_size == 1)
     n_prompts = st.slider("Prompts per workload", 1, most, key="wl_prompts",
                           help="More prompts give steadier numbers and take longer.")
-    max_new = int(st.number_input("New tokens per prompt", 4, 256, step=8, key="wl_max_new"))
+    max_new = limits.tokens_input(st, "New tokens per prompt", 4, 256, key="wl_max_new", step=8)
     batch = st.select_slider("Batch size of the batch-serving row", BATCH_SIZES, key="wl_batch",
                              help="That row decodes this many requests together (its prompts repeated as "
                                   "needed), the way a busy server does.")

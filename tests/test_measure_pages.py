@@ -197,7 +197,8 @@ def test_a_drafter_that_cannot_run_is_a_warning_and_skipped():
     res = at.session_state["measure_temperature"]
     assert res.status == "done"
     assert [r["drafter"] for r in res.rows] == ["lookup"]
-    assert any("Skipped `draft`" in w.value and "does not exist" in w.value for w in at.warning)
+    # not on the operator's list of models a visitor may load: refused before any loading
+    assert any("Skipped `draft`" in w.value and "SPECDEC_ALLOWED_MODELS" in w.value for w in at.warning)
     # nothing that can run: an error on the page, no traceback
     at.multiselect(key="temp_drafters").set_value(["draft"]).run()
     click(at, "temp_go")
