@@ -16,6 +16,7 @@ import torch
 
 from specdec_core import LM, IncompatibleModels, InputError, ModelError, SamplingParams, engine, load
 from specdec_core import drafters
+from specdec_core.drafters.suffix import SuffixIndex
 from specdec_core.metrics import RunMetrics, summarize
 from specdec_core.records import StepRecord
 
@@ -23,6 +24,7 @@ from . import limits, turns
 
 BUNDLED = "bundled"
 DISTILLED = "distilled"
+MODEL_DRAFTS = ("draft", "early-exit")   # drafters that sample from a distribution of their own
 
 
 class UserError(Exception):
@@ -39,13 +41,18 @@ class Settings:
     seed: int = 0
     max_new_tokens: int = 48
     prompt: str = ""
+    draft_sampling: str = "sample"   # how a model draft guesses at T > 0 (SamplingParams.draft)
+    k_policy: str = "fixed"          # draft length per step (specdec_core/policy.py)
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=float(self.temperature), top_p=float(self.top_p), seed=int(self.seed))
+        return SamplingParams(temperature=float(self.temperature), top_p=float(self.top_p), seed=int(self.seed),
+                              draft=self.draft_sampling)
 
     def summary(self) -> str:
         d = self.drafter + (f" ({self.draft_model})" if self.drafter == "draft" else "")
         k = f" · k = {self.k}" if self.drafter != "none" else ""
+        k += f" ({self.k_policy})" if self.drafter != "none" and self.k_policy != "fixed" else ""
+        d += " · greedy drafting" if self.draft_sampling == "greedy" and self.drafter in MODEL_DRAFTS else ""
         return (f"{d}{k} · temperature {self.temperature:g} · top-p {self.top_p:g} · seed {self.seed} · "
                 f"up to {self.max_new_tokens} tokens")
 
@@ -115,8 +122,11 @@ def make_drafter(s: Settings, tgt):
             draft_lm = tgt if spec == BUNDLED else None if spec == DISTILLED else model(spec)
         except ModelError as e:
             raise UserError(f"The draft model could not be loaded. {e}") from e
+    kw = {}
+    if s.drafter == "suffix":   # the session's own index: a later run drafts from this session's earlier ones
+        kw["index"] = st.session_state.setdefault("suffix_index", SuffixIndex())
     try:
-        return drafters.make(s.drafter, tgt, draft_lm=draft_lm)
+        return drafters.make(s.drafter, tgt, draft_lm=draft_lm, **kw)
     except IncompatibleModels as e:
         raise UserError(f"These two models cannot be paired: {e}. Speculative decoding compares p and q "
                         "token by token, so the draft must share the target's vocabulary.") from e
@@ -183,7 +193,8 @@ def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
         raise UserError(str(e)[:1].upper() + str(e)[1:] + ".") from e
     run = Run(s, ids, tgt.tokenizer.decode(ids), note=note(tgt, len(ids), int(s.max_new_tokens)))
     # one turn at the shared model at a time (app/turns.py); the page sets .on_wait to show the line
-    return run, turns.queued(engine.decode(tgt, drafter, ids, sp=sp, k=k, max_new_tokens=int(s.max_new_tokens)))
+    return run, turns.queued(engine.decode(tgt, drafter, ids, sp=sp, k=k, max_new_tokens=int(s.max_new_tokens),
+                                           k_policy=s.k_policy if k else "fixed"))
 
 
 def baseline(s: Settings, prompt_ids: list[int], on_wait=None) -> list[StepRecord]:

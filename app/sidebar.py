@@ -10,7 +10,7 @@ from specdec_core.sampling import MAX_TEMPERATURE
 from specdec_core.bench.workloads import WORKLOADS
 
 from . import limits
-from .runs import BUNDLED, FORWARDS, Settings
+from .runs import BUNDLED, FORWARDS, MODEL_DRAFTS, Settings
 
 CUSTOM = "custom"
 # batch serving is a throughput story; a one-request demo cannot show it
@@ -24,7 +24,9 @@ FALLBACK_PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. 
 BOUNDS = {"k": (1, 12), "temperature": (0.0, min(2.0, MAX_TEMPERATURE)), "top_p": (0.05, 1.0),
           "seed": (0, 2**31 - 1), "max_new_tokens": (1, 512)}
 DEFAULTS = dict(drafter="lookup", draft_model=BUNDLED, k=4, top_p=1.0, seed=0, max_new_tokens=48,
-                workload=DEFAULT_WORKLOAD, example=0, forward="ours")
+                workload=DEFAULT_WORKLOAD, example=0, forward="ours", k_policy="fixed", draft_sampling="sample")
+K_POLICIES = {"fixed": "fixed k", "schedule": "schedule (adaptive)", "confidence": "stop when unsure"}
+DRAFTING = {"sample": "sampled", "greedy": "greedy"}
 
 
 def init_state() -> None:
@@ -130,6 +132,16 @@ def build() -> Settings:
     if ss.drafter == "draft":
         sb.caption(f"Draft models a visitor may load on this server: {limits.described()}.")
     sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=ss.drafter == "none")
+    sb.selectbox("Draft length", list(K_POLICIES), key="k_policy", format_func=K_POLICIES.get,
+                 disabled=ss.drafter == "none",
+                 help="Fixed: k every step. Schedule: start at k, +2 after a fully accepted draft, −1 otherwise "
+                      "(transformers' heuristic). Confidence: a model draft stops guessing when its top probability "
+                      "falls under 0.4, k being the most. None of them changes the output.")
+    sb.radio("Draft guesses (model drafts, T > 0)", list(DRAFTING), key="draft_sampling", format_func=DRAFTING.get,
+             horizontal=True, disabled=ss.drafter not in MODEL_DRAFTS,
+             help="Sampled: the guess is drawn from the draft's q and kept with probability min(1, p/q). Greedy: "
+                  "the draft's most likely token, q one-hot, kept with probability p(x), as serving engines do by "
+                  "default. Both are exact.")
 
     sb.markdown("### Sampling")
     sb.slider("Temperature", *BOUNDS["temperature"], step=0.05, key="temperature",
@@ -161,4 +173,6 @@ def current() -> Settings:
     ss = st.session_state
     return Settings(drafter=ss.drafter, draft_model=ss.draft_model, k=int(ss.k),
                     temperature=float(ss.temperature), top_p=float(ss.top_p), seed=int(ss.seed),
-                    max_new_tokens=int(ss.max_new_tokens), prompt=ss.prompt)
+                    max_new_tokens=int(ss.max_new_tokens), prompt=ss.prompt,
+                    k_policy=ss.k_policy if ss.k_policy in K_POLICIES else "fixed",
+                    draft_sampling=ss.draft_sampling if ss.draft_sampling in DRAFTING else "sample")

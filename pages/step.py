@@ -23,6 +23,12 @@ settings = sidebar.current()
 c1, c2 = st.columns([1, 4], vertical_alignment="center")
 go_clicked = c1.button("Generate", type="primary", key="generate", icon=":material/play_circle:")
 c2.caption(settings.summary())
+if settings.drafter == "suffix":
+    ix = ss.get("suffix_index")
+    seen = f"{len(ix.docs)} runs ({ix.size} tokens) so far" if ix is not None and ix.docs else "nothing yet"
+    st.info(f"Suffix decoding drafts from everything this session has decoded: {seen}. Press **Generate** twice "
+            "on the same prompt: the second run finds the first one's text and its drafts run long.",
+            icon=":material/history:")
 
 
 holder, notices = play.slots()
@@ -188,6 +194,9 @@ def _drafter_info(info: dict) -> None:
     bits = []
     if "ngram" in info:
         bits.append(f"matched a {info['ngram']}-token n-gram at position {info.get('match_at', '?')}")
+    if info.get("match"):
+        bits.append(f"the last {info['match']} tokens were seen {info.get('occurrences', '?')} times before in this "
+                    f"session; their continuations make a tree of {info.get('nodes', '?')} candidates")
     if "tree" in info:
         tree = info["tree"]
         bits.append(f"tree of {len(tree) if hasattr(tree, '__len__') else tree} candidate nodes")

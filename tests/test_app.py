@@ -326,3 +326,29 @@ def test_lesson_page_loads_a_workload_preset_into_the_sidebar():
     at.button(key=f"try_{name}").click().run()
     assert at.text_area(key="prompt").value == PRESETS[name].prompts[0]
     assert at.slider(key="temperature").value == pytest.approx(PRESETS[name].temperature)
+
+
+def test_suffix_decoding_drafts_from_the_sessions_earlier_run():
+    """The session keeps one suffix index: the same request a second time is drafted from the first run's text
+    (longer accepted drafts, same tokens at temperature 0)."""
+    at = new_app(drafter="suffix", max_new_tokens=16, prompt="Name three primary colours.")
+    generate(at)
+    first = at.session_state.run
+    generate(at)
+    second = at.session_state.run
+    toks = lambda r: [c.token for rec in r.records for c in rec.committed]
+    assert toks(first) == toks(second)
+    assert second.metrics.mean_acceptance_length > first.metrics.mean_acceptance_length
+    assert "2 runs" in " ".join(i.value for i in at.info) or "runs (" in " ".join(i.value for i in at.info)
+
+
+def test_sidebar_k_policy_and_greedy_drafting_reach_the_engine():
+    at = new_app(drafter="draft", draft_model="bundled", temperature=0.8, max_new_tokens=12, prompt="Say hi.")
+    at.selectbox(key="k_policy").set_value("schedule").run()
+    at.radio(key="draft_sampling").set_value("greedy").run()
+    generate(at)
+    run = at.session_state.run
+    assert (run.settings.k_policy, run.settings.draft_sampling) == ("schedule", "greedy")
+    assert all(p.q == 1.0 for r in run.records for p in r.positions)          # greedy guesses: one-hot q
+    ks = [r.k for r in run.records if r.k]
+    assert len(ks) > 1 and (max(ks) > 4 or min(ks) < 4)                       # the schedule moved k
