@@ -11,7 +11,7 @@ from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_workloads"
 BATCH_SIZES = [4, 8, 16, 32, 64]
-measure.settle(KEY, wl_which=list(WORKLOADS), wl_prompts=3, wl_max_new=32,
+measure.settle(KEY, wl_which=list(WORKLOADS), wl_prompts=3, wl_max_new=32, wl_own=True,
                wl_batch=WORKLOADS["batch"].batch_size if "batch" in WORKLOADS else 32)
 
 st.title("Workloads: where does speculation pay?")
@@ -25,9 +25,16 @@ st.markdown(
 s = sidebar.current()
 c1, c2 = st.columns([3, 2])
 with c1:
-    names = measure.pick_drafters("wl_drafters")
+    own = st.toggle("Each workload with the drafter that shows its effect best", key="wl_own",
+                    help="Code: Medusa's tree; JSON: the early exit; extraction and batch serving: prompt lookup; "
+                         "chat and creative writing: the distilled draft model (a model draft shows what hot "
+                         "sampling does to acceptance). Off: every workload with the drafters you pick.")
+    names = measure.pick_drafters("wl_drafters") if not own else []
     which = st.multiselect("Workloads", list(WORKLOADS), key="wl_which",
                            format_func=lambda n: WORKLOADS[n].label)
+    if own:
+        names = list(dict.fromkeys(WORKLOADS[n].drafter for n in WORKLOADS if n in which))
+        st.caption("Drafters: " + "; ".join(f"{WORKLOADS[n].name} → `{WORKLOADS[n].drafter}`" for n in which))
 with c2:
     most = max(len(w.prompts) for w in WORKLOADS.values() if w.batch_size == 1)
     n_prompts = st.slider("Prompts per workload", 1, most, key="wl_prompts",
@@ -37,7 +44,8 @@ with c2:
                              help="That row decodes this many requests together (its prompts repeated as "
                                   "needed), the way a busy server does.")
 which = [n for n in WORKLOADS if n in which]
-params = {"drafters": ", ".join(measure.label(n, s) for n in names) or "none", "k": s.k,
+params = {"drafters": "each workload's own" if own else ", ".join(measure.label(n, s) for n in names) or "none",
+          "k": s.k,
           "workloads": len(which), "prompts each": n_prompts, "new tokens": max_new, "batch size": batch,
           "top-p": s.top_p, "seed": s.seed}
 go_clicked = st.button("Measure the workloads", type="primary", key="wl_go", icon=":material/speed:",
@@ -80,9 +88,17 @@ def row(name: str, who: str, p: dict, n: int) -> dict:
                                         "repeats")}}
 
 
-def points(tgt, specs, live):
+def mine(name: str, specs: list) -> list:
+    """The drafters this workload is measured with."""
+    return [(n, lm) for n, lm in specs if n == WORKLOADS[name].drafter] if own else specs
+
+
+def points(tgt, all_specs, live):
     for name in which:
         w = WORKLOADS[name]
+        specs = mine(name, all_specs)
+        if not specs:
+            continue
         sp = measure.sampling(w.temperature, s)
         if w.batch_size > 1:   # one large batch through batch.py, the way a server batches requests
             ids = measure.encode(tgt, w.prompts)
@@ -99,7 +115,7 @@ def points(tgt, specs, live):
 
 def total(specs) -> int:
     runs_per = [1 if WORKLOADS[n].batch_size > 1 else min(n_prompts, len(WORKLOADS[n].prompts)) for n in which]
-    return (1 + len(specs)) * sum(runs_per) * sweeps.REPEATS
+    return sum((1 + len(mine(n, specs))) * r for n, r in zip(which, runs_per)) * sweeps.REPEATS
 
 
 def measure_all() -> None:

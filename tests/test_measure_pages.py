@@ -60,7 +60,10 @@ def test_each_measure_page_renders_and_waits_for_its_button():
         assert not at.exception, (page, at.exception)
         assert at.title[0].value.startswith(title)
         assert not at.button(key=button).disabled
-        assert at.multiselect[0].value == ["lookup"]       # default drafter
+        if page == "workloads":                             # each workload with its own drafter by default
+            assert at.toggle(key="wl_own").value and "extraction → `lookup`" in text(at)
+        else:
+            assert at.multiselect[0].value == ["lookup"]   # default drafter
         assert not at.get("plotly_chart")                   # nothing measured until asked
     at.switch_page("../pages/batch.py").run()
     offered = at.multiselect(key="bs_drafters").options
@@ -69,6 +72,8 @@ def test_each_measure_page_renders_and_waits_for_its_button():
 
 def test_workloads_page_measures_each_row_and_keeps_it_across_reruns():
     at = open_page("workloads", wl_which=["extraction", "batch"], wl_prompts=1, wl_max_new=8, wl_batch=4)
+    assert [(w, WORKLOADS[w].drafter) for w in ("extraction", "batch")] == [("extraction", "lookup"),
+                                                                          ("batch", "lookup")]
     click(at, "wl_go")
     res = at.session_state["measure_workloads"]
     assert res.status == "done", res.error

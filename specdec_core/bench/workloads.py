@@ -21,6 +21,7 @@ class Workload:
     temperature: float  # the temperature this kind of traffic usually runs at
     prompts: tuple[str, ...]
     batch_size: int = 1
+    drafter: str = "lookup"   # the drafter that shows this workload's effect best (measured; README)
 
 
 def _load(name: str) -> tuple[str, ...]:
@@ -51,20 +52,20 @@ def load_jsonl(path: str | Path) -> list[dict]:
 WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("code", "Code completion, boilerplate", "High",
              "syntax and idiom make the next token predictable, and code runs greedy or nearly so",
-             0.0, _load("code")),
+             0.0, _load("code"), drafter="medusa"),
     Workload("json", "Structured output (JSON, forms, templates)", "High",
              "braces, keys and delimiters are dictated by the format, so even a weak draft guesses them",
-             0.0, _load("json")),
+             0.0, _load("json"), drafter="early-exit"),
     Workload("extraction", "Extraction, editing, RAG answers quoting sources", "High",
              "the answer copies spans of the context, the easiest text to draft; prompt lookup shines here",
-             0.0, _load("extraction")),
+             0.0, _load("extraction"), drafter="lookup"),
     Workload("chat", "Low-temperature factual chat", "Moderate",
              "peaked distributions keep acceptance decent, but prose forks more often than code",
-             0.3, _load("chat")),
+             0.3, _load("chat"), drafter="draft"),
     Workload("creative", "High-temperature creative writing", "Low",
              "hot sampling flattens both distributions, so drafts rarely match what the target samples",
-             1.2, _load("creative")),
+             1.2, _load("creative"), drafter="draft"),
     Workload("batch", "Throughput-saturated batch serving", "Low, possibly negative",
              "a full batch already spends the idle compute speculation would use, so verification competes "
-             "with other requests", 0.0, _load("chat") + _load("code"), batch_size=32),
+             "with other requests", 0.0, _load("chat") + _load("code"), batch_size=32, drafter="lookup"),
 ]}
