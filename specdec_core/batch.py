@@ -202,10 +202,13 @@ class _Rows:
 
 def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[list[int]] | list[torch.Tensor],
                  sp: SamplingParams | None = None, k: int | None = None, max_new_tokens: int = 64,
-                 stop_at_eos: bool = True) -> Iterator[BatchStep]:
+                 stop_at_eos: bool = True, seeds: list[int] | None = None) -> Iterator[BatchStep]:
     """Decode every prompt; one drafter per row (drafters may keep per-sequence state). Yields BatchStep.
 
-    The steps are engine.py's, row by row, around one forward over the ragged batch."""
+    The steps are engine.py's, row by row, around one forward over the ragged batch. Each row draws from its
+    own generator, seeded `seeds[i]` (default sp.seed + i), in the order engine.decode draws (the drafter's
+    samples, then verification's uniforms and its final draw): with a batch-invariant forward, row i's tokens
+    are exactly those engine.decode gives alone with that seed, whatever else runs in the batch."""
     sp = sp or SamplingParams()
     drafters = [make_drafter() for _ in prompts]
     k = drafters[0].default_k if k is None else k
@@ -217,7 +220,10 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
         check_prompt(target, r, max_new_tokens, k)
     B = len(rows)
     eos = target.eos_ids if stop_at_eos else set()
-    gen = torch.Generator(device=target.device).manual_seed(sp.seed)
+    seeds = [sp.seed + i for i in range(B)] if seeds is None else list(seeds)
+    if len(seeds) != B or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+        raise InputError(f"seeds must be one integer per prompt ({B}), got {seeds!r}")
+    gens = [torch.Generator(device=target.device).manual_seed(x) for x in seeds]
     hidden = drafters[0].reads_hidden
     kv = (_Rows if target.fwd is not None else _Holes)(target, B, hidden)
 
@@ -237,7 +243,7 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
         ctxs, props, steps, new = {}, {}, {}, []
         for i in live:
             room = max_new_tokens - (len(tokens[i]) - len(rows[i]))
-            ctxs[i] = ctx = DraftContext(tokens[i], len(rows[i]), min(k, room - 1), sp, gen)
+            ctxs[i] = ctx = DraftContext(tokens[i], len(rows[i]), min(k, room - 1), sp, gens[i])
             props[i] = drafters[i].propose(ctx) if ctx.k > 0 else Proposal.empty()
             steps[i] = tree_step if props[i].tree is not None else chain_step
         # 2. score: one forward over the ragged batch; per row, the new slots' ids, offsets and who sees whom
@@ -250,7 +256,7 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
         drafted, accepted, committed = [0] * B, [0] * B, [[] for _ in range(B)]
         for i in live:
             logits, hs = out[i]
-            c = steps[i].verify(logits, new[i][0], props[i], sp, gen)
+            c = steps[i].verify(logits, new[i][0], props[i], sp, gens[i])
             ids, stop = until_eos(c.draft[:c.v.n_accepted].tolist() + [c.v.token], eos)
             kept = c.kept[:len(ids)]
             kv.commit(i, kept)

@@ -5,6 +5,7 @@ import torch
 
 from specdec_core import InputError, SamplingParams, load, make_drafter, run
 from specdec_core.batch import run_batch
+from specdec_core.models import attach_forward
 from specdec_core.bench.sweeps import sweep_batch
 from specdec_core.drafters.draft_model import DraftModel
 from specdec_core.drafters.lookup import PromptLookup
@@ -108,7 +109,7 @@ def test_batched_sampling_exact(tiny, tiny_draft, drafter):
     counts = np.zeros_like(law)
     rows = 8
     for seed in range(600):
-        res = run_batch(tiny, mk, [prompt] * rows, sp=SamplingParams(1.0, seed=seed), k=3, max_new_tokens=2)
+        res = run_batch(tiny, mk, [prompt] * rows, sp=SamplingParams(1.0, seed=seed * rows), k=3, max_new_tokens=2)
         for t in res.tokens:
             counts[t[0], t[1]] += 1
     assert gof(counts, law) > ALPHA
@@ -123,7 +124,7 @@ def medusa_counts(tiny, tiny_heads, seeds: int):
     drafted = 0
     for seed in range(seeds):
         res = run_batch(tiny, lambda: Medusa(tiny, heads=tiny_heads, manifest={}), [prompt] * 8,
-                        sp=SamplingParams(1.0, seed=seed), k=3, max_new_tokens=4)
+                        sp=SamplingParams(1.0, seed=seed * 8), k=3, max_new_tokens=4)
         drafted += sum(sum(s.drafted) for s in res.steps)
         for t in res.tokens:
             counts[tuple(t[:3])] += 1
@@ -160,3 +161,68 @@ def test_batch_errors(tiny):
         run_batch(tiny, NoDraft, [[1, 2], []], max_new_tokens=4)
     with pytest.raises(InputError):
         run_batch(tiny, NoDraft, [[1, 2]], k=-1, max_new_tokens=4)
+
+
+# -- sampling: one generator per row, so a row's tokens do not depend on its batch
+
+SAMPLED = SamplingParams(0.9, top_p=0.95, seed=11)
+EIGHT = TINY_PROMPTS + [[5, 6, 5, 6, 5], [8, 9, 10, 11, 8, 9], [0, 1]]
+
+
+@pytest.fixture(scope="module")
+def ours():
+    """Tiny target and drafts on our forward, which is batch-invariant bit for bit (forward.py)."""
+    from tiny import subset_lm
+    t = tiny_lm(0, forward="ours")
+    d = perturbed(t, 0.3, seed=1)
+    attach_forward(d, "ours")
+    return t, d, subset_lm(d, [0, 2, 3, 5, 7, 8, 9, 11])
+
+
+def sampled_makers(ours, tiny_heads):
+    from tiny import tiny_exit
+    t, d, sub = ours
+    return {"none": NoDraft, "lookup": PromptLookup, "draft": lambda: DraftModel(d, t),
+            "subset": lambda: DraftModel(sub, t), "early-exit": tiny_exit(t, seed=3),
+            "medusa": lambda: Medusa(t, heads=tiny_heads, tree=[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)],
+                                     manifest={})}
+
+
+def alone(t, mk, prompt, seed, k, n, sp=SAMPLED):
+    sp = SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed)
+    return run(t, mk(), prompt, sp=sp, k=k, max_new_tokens=n, detail=False)[0]
+
+
+@pytest.mark.parametrize("name", ["none", "lookup", "draft", "subset", "early-exit", "medusa"])
+def test_batched_sampling_row_equals_alone(ours, tiny_heads, name, one_thread):
+    """At T > 0, row i of a batch of 8 gives exactly the tokens engine.decode gives alone with seed sp.seed + i,
+    and a row's tokens are the same at batch 1 and batch 8."""
+    t = ours[0]
+    mk = sampled_makers(ours, tiny_heads)[name]
+    res = run_batch(t, mk, EIGHT, sp=SAMPLED, k=3, max_new_tokens=12)
+    assert res.tokens == [alone(t, mk, p, SAMPLED.seed + i, 3, 12) for i, p in enumerate(EIGHT)]
+    one = run_batch(t, mk, EIGHT[5:6], sp=SAMPLED, k=3, max_new_tokens=12, seeds=[SAMPLED.seed + 5])
+    assert one.tokens == res.tokens[5:6]
+    assert len({tuple(x) for x in run_batch(t, mk, [EIGHT[0]] * 8, sp=SAMPLED, k=3, max_new_tokens=12).tokens}) > 1
+    if name != "none":
+        assert any(0 < a < d for s in res.steps for a, d in zip(s.accepted, s.drafted)), "no rejection happened"
+
+
+def test_batch_seeds_argument(ours, one_thread):
+    t = ours[0]
+    seeds = [40, 7, 7, 123, 0]
+    res = run_batch(t, PromptLookup, TINY_PROMPTS, sp=SAMPLED, k=3, max_new_tokens=10, seeds=seeds)
+    assert res.tokens == [alone(t, PromptLookup, p, s, 3, 10) for p, s in zip(TINY_PROMPTS, seeds)]
+    for bad in ([1, 2], [1, 2, 3, 4, 5.0]):
+        with pytest.raises(InputError, match="seeds"):
+            run_batch(t, PromptLookup, TINY_PROMPTS, sp=SAMPLED, max_new_tokens=4, seeds=bad)
+
+
+def test_batched_sampling_row_equals_alone_bundled(bundled_fp32, one_thread):
+    """The same on the bundled model: prompt lookup at T = 0.8, each row as decoded alone with its seed."""
+    lm = bundled_fp32
+    prompts = [lm.encode(t) for t in ("Repeat exactly: alpha beta gamma delta alpha beta gamma.",
+                                      "Name three colours.", "Count: one two three one two three")]
+    sp = SamplingParams(0.8, seed=3)
+    res = run_batch(lm, PromptLookup, prompts, sp=sp, k=4, max_new_tokens=12)
+    assert res.tokens == [alone(lm, PromptLookup, p, 3 + i, 4, 12, sp) for i, p in enumerate(prompts)]

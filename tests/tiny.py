@@ -10,7 +10,7 @@ import itertools
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdec_core.models import LM
+from specdec_core.models import LM, attach_forward
 
 V = 12
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -45,9 +45,10 @@ class TinyTok:
 
 
 def tiny_lm(seed: int, vocab: int = V, layers: int = 2, eos: int | None = None, head_std: float = 0.3,
-            tok: TinyTok | None = None, device: str = "cpu", name: str | None = None) -> LM:
+            tok: TinyTok | None = None, device: str = "cpu", name: str | None = None, forward: str = "hf") -> LM:
     """A randomly initialised fp32 Llama, with weights large enough that p depends on the context
-    and is far from uniform (the default init gives nearly uniform, context-free distributions)."""
+    and is far from uniform (the default init gives nearly uniform, context-free distributions).
+    `forward="ours"` runs our batch-invariant forward (forward.py) instead of transformers'."""
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                       initializer_range=0.3, tie_word_embeddings=False,
@@ -59,7 +60,8 @@ def tiny_lm(seed: int, vocab: int = V, layers: int = 2, eos: int | None = None, 
     model.generation_config.eos_token_id = eos
     model.generation_config.bos_token_id = model.generation_config.pad_token_id = None
     model = model.to(device).eval()
-    return LM(model, tok or TinyTok(vocab, eos), name or f"tiny-{seed}", torch.float32, torch.device(device))
+    lm = LM(model, tok or TinyTok(vocab, eos), name or f"tiny-{seed}", torch.float32, torch.device(device))
+    return attach_forward(lm, forward)
 
 
 @torch.inference_mode()
@@ -85,3 +87,42 @@ def perturbed(lm: LM, noise: float, seed: int, name: str | None = None) -> LM:
         for w in model.parameters():
             w.add_(noise * w.float().std() * torch.randn(w.shape, generator=g).to(w))
     return LM(model, lm.tokenizer, name or f"{lm.name}-perturbed", lm.dtype, lm.device)
+
+
+def tiny_exit(target: LM, seed: int, layers: int = 1, vocab_ids: list[int] | None = None, std: float = 0.3):
+    """An early-exit drafter on `target` (drafters/early_exit.py): its first `layers` layers, shared, plus an exit
+    layer with random weights of scale `std` (so q differs from p), optionally over a draft vocabulary."""
+    from specdec_core.drafters.early_exit import EarlyExit, Exit
+    from specdec_core.drafters.vocab import DraftVocab
+    vocab = None if vocab_ids is None else DraftVocab(torch.tensor(vocab_ids), target.vocab_size)
+    ex = Exit(target.model, layers, vocab).float()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, w in ex.layer.named_parameters():
+            if w.dim() == 2:
+                w.copy_(std * torch.randn(w.shape, generator=g))
+    return lambda: EarlyExit(target, ex.eval())
+
+
+def tiny_heads(hidden: int, n_heads: int, seed: int, std: float = 0.3, vocab_ids: list[int] | None = None):
+    """Random Medusa heads (drafters/medusa.py): they rank varied candidates, some of which the target accepts."""
+    from specdec_core.drafters.medusa import Heads
+    from specdec_core.drafters.vocab import DraftVocab
+    vocab = None if vocab_ids is None else DraftVocab(torch.tensor(vocab_ids), V)
+    heads = Heads(hidden, n_heads, vocab)
+    with torch.no_grad():
+        heads.w.copy_(std * torch.randn(heads.w.shape, generator=torch.Generator().manual_seed(seed)))
+    return heads.eval()
+
+
+def subset_lm(lm: LM, ids: list[int], forward: str | None = None) -> LM:
+    """`lm` scoring only the draft vocabulary `ids` (drafters/vocab.py), as the shipped draft does
+    (draft_model.load_draft): its head keeps those rows, every other token gets logit -inf, so q is 0 there."""
+    import copy
+    from specdec_core.drafters.distilled import SubsetHead
+    from specdec_core.drafters.vocab import DraftVocab
+    model = copy.deepcopy(lm.model)
+    model.lm_head = SubsetHead(model.lm_head.weight, DraftVocab(torch.tensor(ids), lm.vocab_size))
+    out = LM(model, lm.tokenizer, f"{lm.name}-subset{len(ids)}", lm.dtype, lm.device)
+    sub = model.lm_head
+    return attach_forward(out, forward or lm.forward_name, head=sub.weight.detach(), vocab=sub.vocab)
