@@ -12,12 +12,14 @@ Power. 12,000 runs per case is what it takes to see the slips a real drafter mak
 fifth of the tokens passes at 1,000 runs (a q one step stale sat on the old 1,000-run test's threshold there),
 and both are caught here, at the same count, as must-fail tests. Each case gives five p-values: the three tokens' marginals
 (11 degrees of freedom: the most power against a q a little off everywhere) and the two neighbour joints.
-Threshold: a case fails when any is below ALPHA = 1e-5. Over the NULL_TESTS = 35 p-values of the cases that must
-pass, the chance that an exact engine fails somewhere on a fresh set of seeds is at most 35 * 1e-5 = 3.5e-4
+Threshold: a case fails when any is below ALPHA = 1e-5. Over the NULL_TESTS = 45 p-values of the cases that must
+pass, the chance that an exact engine fails somewhere on a fresh set of seeds is at most 45 * 1e-5 = 4.5e-4
 (Bonferroni). The seeds are fixed (case j uses seeds 12,000 j .. 12,000 j + 11,999), so the suite is
 deterministic.
 """
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -29,6 +31,7 @@ from specdec_core.drafters import DraftContext
 from specdec_core.drafters.draft_model import DraftModel
 from specdec_core.drafters.lookup import PromptLookup
 from specdec_core.drafters.medusa import Medusa
+from specdec_core.drafters.suffix import Suffix, SuffixIndex
 from specdec_core.sampling import probs
 from tests.gof import gof
 from tests.tiny import V, subset_lm, tiny_exit, tiny_heads, tiny_lm
@@ -113,6 +116,15 @@ class UniformQ(DraftModel):
         return prop
 
 
+def seeded_index() -> SuffixIndex:
+    """Earlier 'session' text in which "4 7" was followed by three different continuations: suffix decoding then
+    proposes a branching tree at the first step (with the prompt's own "4 7 1 9")."""
+    ix = SuffixIndex()
+    for seq in ([4, 7, 2, 5, 0], [4, 7, 1, 3, 3], [9, 4, 7, 2, 5], [4, 7, 8]):
+        ix.extend(ix.open(), seq)
+    return ix
+
+
 @pytest.fixture(scope="module")
 def models():
     """One target on each forward (same weights), a different 1-layer draft (it and the target agree on about
@@ -132,6 +144,7 @@ def maker(name: str, m: dict):
         "subset": lambda: lambda: DraftModel(m["subset"], t),
         "early-exit": lambda: tiny_exit(t, seed=3),
         "medusa": lambda: lambda: Medusa(t, heads=m["heads"], tree=TREE, manifest={}),
+        "suffix": lambda: (lambda ix: lambda: Suffix(index=copy.deepcopy(ix)))(seeded_index()),
         "stale-q": lambda: lambda: StaleQ(m["draft"], t),
         "skewed-q": lambda: lambda: SkewedQ(m["draft"], t),
         "uniform-q": lambda: lambda: UniformQ(m["draft"], t),
@@ -140,7 +153,8 @@ def maker(name: str, m: dict):
 
 T07, T10 = dict(temperature=0.7), dict(temperature=1.0)
 T07W, T10W = dict(temperature=0.7, top_k=6, top_p=0.9), dict(temperature=1.0, top_k=5, top_p=0.8)
-SP = {"T0.7": T07, "T0.7-topk6-topp0.9": T07W, "T1.0": T10, "T1.0-topk5-topp0.8": T10W}
+SP = {"T0.7": T07, "T0.7-topk6-topp0.9": T07W, "T1.0": T10, "T1.0-topk5-topp0.8": T10W,
+      "T1.0-greedy-drafting": dict(temperature=1.0, draft="greedy")}
 # Every drafter and every setting, within the time budget (3 minutes of one core for this file): a drafter
 # with q costs ~20 s of one core per 12,000 runs (a draft forward per drafted token per row), lookup ~5 s and
 # Medusa ~10 s. So the 5 x 4 grid is cut to 7 cases, each drafter once or twice and each setting at least once:
@@ -150,7 +164,9 @@ CASES = [("lookup", "T0.7"), ("lookup", "T1.0-topk5-topp0.8"),
          ("draft", "T1.0-topk5-topp0.8"),
          ("subset", "T1.0"),
          ("early-exit", "T0.7-topk6-topp0.9"),
-         ("medusa", "T1.0"), ("medusa", "T0.7-topk6-topp0.9")]
+         ("medusa", "T1.0"), ("medusa", "T0.7-topk6-topp0.9"),
+         ("suffix", "T0.7-topk6-topp0.9"),                  # a data-dependent tree (suffix decoding)
+         ("draft", "T1.0-greedy-drafting")]                 # a model draft's argmax as a one-hot q
 NULL_TESTS = 5 * len(CASES)
 
 
