@@ -12,7 +12,7 @@ from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_batch"
 SIZES = [1, 2, 4, 8, 16, 32, 64]
-measure.settle(KEY, bs_workload=measure.workload_or_first("batch"), bs_max_new=32)
+measure.settle(KEY, bs_workload=measure.workload_or_first("batch"), bs_max_new=32, bs_by_size=False)
 
 st.title("Batch size: when does speculation stop paying?")
 st.markdown(
@@ -33,9 +33,12 @@ with c2:
                       format_func=lambda n: WORKLOADS[n].label,
                       help="A batch of B requests cycles through this workload's prompts.")
     max_new = limits.tokens_input(st, "New tokens per request", 4, 256, key="bs_max_new", step=8)
+    by_size = st.toggle("k by batch size (as vLLM can be set to)", key="bs_by_size",
+                        help=f"k = the sidebar's k for one request, at most 2 up to 4 requests, 1 up to 16, and no "
+                             "drafting past that: the fuller the batch, the less spare compute verification can use.")
 params = {"drafters": ", ".join(measure.label(n, s) for n in names) or "none", "k": s.k,
           "batch sizes": ", ".join(map(str, sizes)), "workload": wl, "new tokens": max_new,
-          "temperature": s.temperature, "seed": s.seed}
+          "temperature": s.temperature, "seed": s.seed, "k by batch size": by_size}
 go_clicked = st.button("Sweep the batch size", type="primary", key="bs_go", icon=":material/stacks:",
                        disabled=not (names and sizes))
 st.caption(f"Sidebar settings used: k = {s.k}, temperature {s.temperature:g}, seed {s.seed}.")
@@ -73,7 +76,8 @@ def points(tgt, specs, live):
     ids = measure.encode(tgt, WORKLOADS[wl].prompts)
     sp = measure.sampling(s.temperature, s)
     yield from measure.sweep_points(sweeps.sweep_batch, tgt, specs, ids, sizes, s, live, k=s.k,
-                                    temperature=sp.temperature, max_new_tokens=max_new, seed=s.seed)
+                                    temperature=sp.temperature, max_new_tokens=max_new, seed=s.seed,
+                                    k_policy="batch" if by_size else "fixed")
 
 
 def sweep() -> None:

@@ -39,8 +39,9 @@ import torch
 
 from . import chain_step, tree_step
 from .drafters import DraftContext, Drafter, Proposal
-from .engine import check_prompt, check_run_args, until_eos
+from .engine import MAX_K, check_prompt, check_run_args, until_eos
 from .models import LM, cache_kw, keep
+from .policy import KPolicy
 from .sampling import InputError, SamplingParams
 
 
@@ -202,13 +203,15 @@ class _Rows:
 
 def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[list[int]] | list[torch.Tensor],
                  sp: SamplingParams | None = None, k: int | None = None, max_new_tokens: int = 64,
-                 stop_at_eos: bool = True, seeds: list[int] | None = None) -> Iterator[BatchStep]:
+                 stop_at_eos: bool = True, seeds: list[int] | None = None,
+                 k_policy: str = "fixed") -> Iterator[BatchStep]:
     """Decode every prompt; one drafter per row (drafters may keep per-sequence state). Yields BatchStep.
 
     The steps are engine.py's, row by row, around one forward over the ragged batch. Each row draws from its
     own generator, seeded `seeds[i]` (default sp.seed + i), in the order engine.decode draws (the drafter's
     samples, then verification's uniforms and its final draw): with a batch-invariant forward, row i's tokens
-    are exactly those engine.decode gives alone with that seed, whatever else runs in the batch."""
+    are exactly those engine.decode gives alone with that seed, whatever else runs in the batch. `k_policy`
+    (policy.py) runs per row; "batch" sets every row's k from how many rows are still decoding."""
     sp = sp or SamplingParams()
     drafters = [make_drafter() for _ in prompts]
     k = drafters[0].default_k if k is None else k
@@ -224,6 +227,7 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
     if len(seeds) != B or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
         raise InputError(f"seeds must be one integer per prompt ({B}), got {seeds!r}")
     gens = [torch.Generator(device=target.device).manual_seed(x) for x in seeds]
+    pols = [KPolicy(k_policy, k) for _ in rows]
     hidden = drafters[0].reads_hidden
     kv = (_Rows if target.fwd is not None else _Holes)(target, B, hidden)
 
@@ -243,7 +247,8 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
         ctxs, props, steps, new = {}, {}, {}, []
         for i in live:
             room = max_new_tokens - (len(tokens[i]) - len(rows[i]))
-            ctxs[i] = ctx = DraftContext(tokens[i], len(rows[i]), min(k, room - 1), sp, gens[i])
+            ctxs[i] = ctx = DraftContext(tokens[i], len(rows[i]), min(pols[i].next_k(len(live)), room - 1, MAX_K), sp,
+                                         gens[i], pols[i].stop_below)
             props[i] = drafters[i].propose(ctx) if ctx.k > 0 else Proposal.empty()
             steps[i] = tree_step if props[i].tree is not None else chain_step
         # 2. score: one forward over the ragged batch; per row, the new slots' ids, offsets and who sees whom
@@ -268,6 +273,7 @@ def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[
                 drafters[i].observe(hs[kept[-1]], len(tokens[i]) - 1)
             if drafted[i]:
                 drafters[i].feedback(ctxs[i], c.v.n_accepted)
+            pols[i].update(c.draft.numel(), c.v.n_accepted)
         kv.end_step()
         width, cached = kv.slots()
         yield BatchStep(index, drafted, accepted, committed, len(live), time.perf_counter() - t0, fwd,

@@ -29,9 +29,10 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--k-policy", default="fixed", choices=["fixed", "schedule", "confidence"],
+    ap.add_argument("--k-policy", default="fixed", choices=["fixed", "schedule", "confidence", "batch"],
                     help="draft length per step: fixed k; schedule (+2 after a fully accepted draft, -1 otherwise, "
-                         "from k); confidence (a model draft stops when its top probability < 0.4; k the bound)")
+                         "from k); confidence (a model draft stops when its top probability < 0.4; k the bound); "
+                         "batch (sweep batch: k by batch size, none past 16 rows)")
     ap.add_argument("--draft-sampling", default="sample", choices=["sample", "greedy"],
                     help="how a model draft picks its guesses at T > 0: sample from q (default), or take q's argmax "
                          "(a one-hot q, as serving engines do by default)")
@@ -262,7 +263,8 @@ def cmd_sweep(args) -> int:
         bar = tqdm(total=2 * (args.repeats or REPEATS) * len(vals), desc="sweep batch", file=sys.stderr)
         pts = sweeps.sweep_batch(target, args.drafter, prompts, vals, k=args.k, temperature=args.temperature,
                                  max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
-                                 tick=lambda _: bar.update(), repeats=args.repeats, draft=args.draft_sampling)
+                                 tick=lambda _: bar.update(), repeats=args.repeats, draft=args.draft_sampling,
+                                 k_policy=args.k_policy)
     table = []
     for p in pts:
         table.append(p)

@@ -140,6 +140,10 @@ def test_batch_page_speedup_per_batch_size():
         assert r["tokens"] <= 8 * r["batch_size"]
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / r["baseline_tokens_per_s"])
     assert "stops paying" in text(at) or "still pays" in text(at)
+    at.toggle(key="bs_by_size").set_value(True).run()
+    click(at, "bs_go")
+    res = at.session_state["measure_batch"]
+    assert res.status == "done" and all(r["k_policy"] == "batch" for r in res.rows)
 
 
 def test_draft_length_page_draws_leviathan_from_measured_alpha_and_c():

@@ -49,3 +49,23 @@ def test_adaptive_k_changes_the_steps_not_the_text(policy, temperature, one_thre
     if temperature == 0:
         plain, _, _ = engine.run(tgt, make("none", tgt), [1, 2, 3], **kw)
         assert ours == fixed == plain
+
+
+def test_k_by_batch_size_in_a_batch_and_per_row_schedules(one_thread):
+    """In a batch, 'batch' drafts less the more rows are decoding (none past 16), and per-row schedules match
+    each row decoded alone; greedy tokens never change."""
+    from specdec_core.batch import run_batch
+    tgt = tiny_lm(1, forward="ours")
+    dr = perturbed(tgt, 0.3, seed=4)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2]]
+    kw = dict(max_new_tokens=12, stop_at_eos=False)
+    plain = run_batch(tgt, lambda: make("none", tgt), prompts, **kw).tokens
+    for pol in ("batch", "schedule"):
+        res = run_batch(tgt, lambda: make("draft", tgt, dr), prompts, k=6, k_policy=pol, **kw)
+        assert res.tokens == plain
+        if pol == "batch":   # 4 rows decoding: k = min(6, 2)
+            assert max(max(s.drafted) for s in res.steps) == 2
+    alone = [engine.run(tgt, make("draft", tgt, dr), p, k=6, k_policy="schedule", **kw)[1] for p in prompts]
+    res = run_batch(tgt, lambda: make("draft", tgt, dr), prompts, k=6, k_policy="schedule", **kw)
+    for i, recs in enumerate(alone):
+        assert [s.drafted[i] for s in res.steps if s.drafted[i] or s.committed[i]][:len(recs)] == [r.k for r in recs]

@@ -147,11 +147,13 @@ def point(pair: Paired, name: str) -> dict:
 
 
 def batch_point(tgt: LM, rows: list[list[int]], sp: SamplingParams, k: int | None, max_new: int,
-                specs: list[tuple[str, object]], tick: Tick = None, repeats: int | None = None) -> dict[str, dict]:
+                specs: list[tuple[str, object]], tick: Tick = None, repeats: int | None = None,
+                k_policy: str = "fixed") -> dict[str, dict]:
     """One batch of len(rows) sequences decoded together (batch.py), plain and per drafter, back to back and
     repeated as side_by_side does -> {name: point}."""
     def one(name, lm, spr):
-        res = run_batch(tgt, lambda: make(name, tgt, lm), rows, sp=spr, k=k, max_new_tokens=max_new)
+        res = run_batch(tgt, lambda: make(name, tgt, lm), rows, sp=spr, k=k, max_new_tokens=max_new,
+                        k_policy="fixed" if name == "none" else k_policy)
         tok = sum(len(t) for t in res.tokens)
         sec, first = res.steps[-1].elapsed, res.steps[0].elapsed
         per_row = tok / len(rows)
@@ -212,13 +214,13 @@ def sweep_policy(target: LM, drafter: str, prompts: list, policies: Iterable[str
 def sweep_batch(target: LM, drafter: str, prompts: list, batch_sizes: Iterable[int], k: int | None = None,
                 temperature: float = 0.0, max_new_tokens: int = 32, seed: int = 0, top_p: float = 1.0,
                 draft_lm=None, tick: Tick = None, repeats: int | None = None,
-                draft: str = "sample") -> Iterator[dict]:
+                draft: str = "sample", k_policy: str = "fixed") -> Iterator[dict]:
     """Throughput of one batch of B rows (prompts cycled), baseline and drafter, each through decode_batch."""
     sp = SamplingParams(temperature, 0, top_p, seed, draft)
     for b in batch_sizes:
         rows = [prompts[i % len(prompts)] for i in range(int(b))]
-        pt = batch_point(target, rows, sp, k, max_new_tokens, [(drafter, draft_lm)], tick, repeats)
-        yield {"batch_size": int(b), "drafter": drafter, **pt[drafter]}
+        pt = batch_point(target, rows, sp, k, max_new_tokens, [(drafter, draft_lm)], tick, repeats, k_policy)
+        yield {"batch_size": int(b), "drafter": drafter, "k_policy": k_policy, **pt[drafter]}
 
 
 def hf_generate(target: LM, ids: torch.Tensor, max_new: int, lookup: bool) -> tuple[int, float, list[int]]:
