@@ -62,6 +62,8 @@ def test_each_measure_page_renders_and_waits_for_its_button():
         assert not at.button(key=button).disabled
         if page == "workloads":                             # each workload with its own drafter by default
             assert at.toggle(key="wl_own").value and "extraction → `lookup`" in text(at)
+        elif page == "temperature":                        # the drafter that shows the effect best
+            assert at.multiselect[0].value == ["medusa"] and at.selectbox(key="temp_workload").value == "chat"
         else:
             assert at.multiselect[0].value == ["lookup"]   # default drafter
         assert not at.get("plotly_chart")                   # nothing measured until asked
@@ -102,7 +104,7 @@ def test_workloads_page_measures_each_row_and_keeps_it_across_reruns():
 
 
 def test_temperature_page_one_point_per_temperature():
-    at = open_page("temperature", temp_values=[0.0, 1.5], temp_prompts=1, temp_max_new=8)
+    at = open_page("temperature", temp_drafters=["lookup"], temp_values=[0.0, 1.5], temp_prompts=1, temp_max_new=8)
     click(at, "temp_go")
     res = at.session_state["measure_temperature"]
     assert res.status == "done", res.error
