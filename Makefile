@@ -3,6 +3,8 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 PORT    ?= 8501
+# test processes (pytest-xdist): one per core
+JOBS    ?= auto
 STAMP   := $(VENV)/.setup-stamp
 
 .PHONY: setup run test load-test bench demo clean
@@ -21,7 +23,7 @@ run: setup
 	$(BIN)/streamlit run app/main.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile tests
 
 # a classroom at once: 20 sessions press Generate together (a few minutes); SESSIONS=30 make load-test
 SESSIONS ?= 20

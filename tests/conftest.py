@@ -1,6 +1,15 @@
-"""Shared fixtures: the bundled model is loaded once per test session (about 15 s cold)."""
+"""Shared fixtures: the bundled model is loaded once per test session (about 15 s cold).
+
+`make test` runs the suite in one process per core (pytest-xdist, whole files per process): each process then
+runs torch on one thread, so two processes use two cores without their thread pools spinning against each other.
+"""
+import os
+
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 from specdec_core import load
 
