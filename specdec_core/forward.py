@@ -17,7 +17,10 @@ deterministic inference) is what this file buys, and each choice below says what
     Measured on the CPU: fp32 products take different kernels for 1 row, 2-3 rows and the rows past a
     multiple of 4 when there are fewer than 12; bf16 ones differ for the tail rows of an unpadded product.
     Padding the row count to a multiple of ROWS (4) makes every row bitwise the same in both dtypes, for
-    the linear layers and attention's two products alike. Biases are added after the product.
+    the linear layers and attention's two products alike. Biases are added after the product. On a Xeon whose
+    oneDNN offers AMX, bf16 products of more than 32 rows take yet another kernel (every row differs from the
+    same row multiplied alone), so linear layers multiply at most MAX_ROWS (32) rows at a time: a long prefill
+    becomes several products, each reading the weights again, and every row is the same as in a decode step.
   * Attention's reductions (the softmax sum, p @ v) run over a key length that depends only on the query's
     own position: keys are read in blocks of BLOCK slots, and a query at position t attends to the first
     BLOCK * (t // BLOCK + 1) slots, the rest masked. Masked slots are exact zeros after the softmax.
@@ -42,6 +45,7 @@ import torch.nn.functional as F
 
 BLOCK = 32      # attention key blocks (slots): a query's key length is a function of its position only
 ROWS = 4        # matrix products get a row count that is a multiple of this (see above)
+MAX_ROWS = 32   # and linear layers take at most this many rows per product
 ARCHS = ("llama", "mistral", "qwen2")
 
 
@@ -66,6 +70,8 @@ class Dense:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
+        if n > MAX_ROWS:   # a kernel for many rows would sum in another order: chunks of the decode kernel
+            return torch.cat([self(x[i:i + MAX_ROWS]) for i in range(0, n, MAX_ROWS)])
         xp = pad_rows(x)
         if self.packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(xp, self.packed, None, "none", [], "")[:n]

@@ -157,6 +157,8 @@ class LM:
 
 def token_count(tokenizer, rows: int) -> int:
     """How many ids are tokens: the tokenizer's size (added tokens included), at most the head's rows."""
+    if tokenizer is None:
+        return rows
     try:
         n = len(tokenizer)
     except TypeError:

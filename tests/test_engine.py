@@ -228,7 +228,7 @@ def test_k_edges_accepted(tiny):
 
 
 def test_unknown_drafter(tiny):
-    with pytest.raises(DrafterUnavailable, match="unknown drafter 'bogus'.*none, lookup, draft"):
+    with pytest.raises(DrafterUnavailable, match="unknown drafter 'bogus'.*none, lookup, suffix, draft"):
         make("bogus", tiny)
 
 

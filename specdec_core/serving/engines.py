@@ -74,6 +74,10 @@ def _vllm(s) -> EngineConfig:
         spec = {"method": "medusa", "model": "<your-medusa-heads>", "num_speculative_tokens": s.k}
         gaps.append("our Medusa tree shape (which children are tried) has no documented key in "
                     "speculative_config; heads must be exported in a format vLLM loads")
+    elif s.drafter == "suffix":
+        spec = {"method": "suffix", "num_speculative_tokens": s.k}
+        gaps.append("vLLM's suffix decoding comes from the arctic-inference package; its tree-size and "
+                    "frequency settings have their own names, and its cache spans requests like our session index")
     elif s.drafter == "early-exit":
         gaps.append("early exit (the target's first layers plus a trained exit) has no equivalent method; "
                     "vLLM's nearest self-drafting methods are EAGLE and MTP, which need their own checkpoints")
@@ -112,6 +116,8 @@ def _sglang(s) -> EngineConfig:
                     "(--speculative-algorithm EAGLE with --speculative-eagle-topk > 1), which needs an EAGLE draft")
     elif s.drafter == "early-exit":
         gaps.append("early exit: no equivalent algorithm (EAGLE, EAGLE3, MTP, STANDALONE, NGRAM are offered)")
+    elif s.drafter == "suffix":
+        gaps.append("suffix decoding: no equivalent algorithm; NGRAM is the nearest (it sees the request only)")
     supported = s.drafter == "none" or bool(spec)
     sampling = {"temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens}
     gaps.append(f"seed {s.seed}: not translated; check your SGLang version's sampling parameters for a per-request seed")
@@ -141,8 +147,9 @@ def _trtllm(s) -> EngineConfig:
         spec = {"max_draft_len": s.k, "num_medusa_heads": "<heads in your checkpoint>",
                 "medusa_choices": "<your tree, as a list of paths>"}
         gaps.append("Medusa runs on the TensorRT engine backend; our heads would need converting to its checkpoint")
-    elif s.drafter == "early-exit":
-        gaps.append("early exit: no equivalent decoding config (Draft/Target, EAGLE 3, N-gram, MTP, Medusa are offered)")
+    elif s.drafter in ("early-exit", "suffix"):
+        gaps.append(f"{s.drafter}: no equivalent decoding config (Draft/Target, EAGLE 3, N-gram, MTP, Medusa are "
+                    "offered)")
     supported = s.drafter == "none" or bool(spec)
     sampling = {"temperature": s.temperature, "top_p": s.top_p, "seed": s.seed, "max_tokens": s.max_new_tokens}
     body = f"{cls}(" + ", ".join(f"{k}={v!r}" for k, v in spec.items()) + ")" if cls else "None"
@@ -176,8 +183,8 @@ def _llamacpp(s) -> EngineConfig:
                     "leave it at its default or set it low to compare like with like")
     elif s.drafter == "medusa":
         gaps.append("Medusa heads: no equivalent in llama-server")
-    elif s.drafter == "early-exit":
-        gaps.append("early exit: no equivalent in llama-server")
+    elif s.drafter in ("early-exit", "suffix"):
+        gaps.append(f"{s.drafter}: no equivalent in llama-server")
     supported = s.drafter == "none" or bool(spec)
     sampling = {"--temp": s.temperature, "--top-p": s.top_p, "--seed": s.seed, "--n-predict": s.max_new_tokens}
     flags = " ".join(f"{k} {v}" for k, v in spec.items())
@@ -203,8 +210,8 @@ def _transformers(s) -> EngineConfig:
     elif s.drafter == "draft":
         spec = {"assistant_model": _draft_path(s), "num_assistant_tokens": s.k,
                 "num_assistant_tokens_schedule": "constant"}
-    elif s.drafter == "medusa":
-        gaps.append("Medusa heads: no equivalent in generate()")
+    elif s.drafter in ("medusa", "suffix"):
+        gaps.append(f"{s.drafter}: no equivalent in generate()")
     elif s.drafter == "early-exit":
         gaps.append("early exit: no equivalent for our trained exit layer; transformers' self-speculative mode "
                     "(assistant_early_exit) needs a model trained for early exit")
@@ -228,7 +235,7 @@ def _transformers(s) -> EngineConfig:
 def translate(s) -> dict[str, EngineConfig]:
     """Settings (anything with drafter, draft_model, k, temperature, top_p, seed, max_new_tokens) ->
     {engine: EngineConfig}."""
-    if s.drafter not in ("none", "lookup", "draft", "early-exit", "medusa"):
+    if s.drafter not in ("none", "lookup", "suffix", "draft", "early-exit", "medusa"):
         raise ValueError(f"unknown drafter {s.drafter!r}")
     if s.drafter != "none" and int(s.k) < 1:
         raise ValueError(f"k must be at least 1 for drafter {s.drafter!r}, got {s.k}")
