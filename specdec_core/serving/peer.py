@@ -212,7 +212,7 @@ def table_text(summ: list[dict]) -> str:
     for s in summ:
         same = (f"yes, {s['identical_prompts']}/{s['prompts']} prompts" if s["spec_equals_plain"] else
                 f"no, {s['identical_prompts']}/{s['prompts']} identical; first differences (prompt, token, "
-                f"char): " + ", ".join(f"({p}, {t}, {c})" for p, t, c in s["first_diffs"]))
+                f"character; from 1): " + ", ".join(f"({p}, {t + 1}, {c + 1})" for p, t, c in s["first_diffs"]))
         lines.append([s["engine"], s["weights"], f"{s['baseline_tokens_per_s']:.1f}", f"{s['tokens_per_s']:.1f}",
                       f"{s['speedup']:.2f}x ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})"
                       + (" noisy: rerun" if s["noisy"] else ""), same])
