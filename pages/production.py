@@ -1,11 +1,14 @@
 """Road to production: the sidebar's settings in the serving engines' own terms, and the lesson's checklist
 (fixed prompts, greedy with speculation off and on, token diff, acceptance/TTFT/TPOT/throughput against the
-baseline) run here on the real model, with a report to download."""
+baseline) run here on the real model, with a report to download; then the same lesson on llama.cpp (same
+model file, side by side with our engine) and the checklist against any OpenAI-compatible server."""
 import pandas as pd
 import streamlit as st
+import torch
 
 from app import runs, sidebar, turns
-from specdec_core.serving import checklist, engines
+from specdec_core.bench import sweeps
+from specdec_core.serving import checklist, engines, peer, remote
 
 st.title("Road to production")
 s = sidebar.current()
@@ -76,3 +79,125 @@ if done:
     # the HTML carries plotly.js (about 5 MB): built only when the button is pressed, not on every rerun
     c2.download_button("Download report (HTML with the plot)", lambda: checklist.report_html(ds, res, eng_md),
                        file_name="specdec-checklist.html", mime="text/html", key="dl_html")
+
+st.markdown("## 3 · The same lesson on a production engine")
+st.markdown("llama.cpp decodes the **same model file** from the **same prompt tokens**, greedily, plainly and with "
+            "its own prompt lookup at the sidebar's k; our engine does the same beside it, with the same number "
+            "of threads, the runs back to back and repeated (order alternating). Each engine's speculative text "
+            "is compared with **its own** plain text: the lesson's check, on an engine people deploy.")
+st.caption("Not like for like on weights: llama.cpp computes with the file's 4-bit (Q4_1) blocks, we run the same "
+           "weights de-quantized to bf16, so the two engines' texts differ from each other and their speeds "
+           "measure different arithmetic.")
+why = peer.unavailable()
+if why:
+    st.info(f"llama.cpp is not installed here. Run `make peers` (installs `{peer.PEER_PACKAGE}`; it builds "
+            "llama.cpp from source, about 9 minutes on 2 cores), then reload this page.")
+else:
+    p_tok = st.slider("New tokens per run", 16, 256, 96, step=16, key="peer_tokens",
+                      help="Each engine decodes the sidebar's prompt plainly and with prompt lookup, "
+                           f"{sweeps.REPEATS} times each.")
+    if st.button("Compare with llama.cpp", key="run_peer", icon=":material/compare_arrows:"):
+        bar = st.progress(0.0, text="Loading llama.cpp…")
+        try:
+            tgt = runs.target()
+            ids = tgt.encode(s.prompt).tolist()
+            total, done_n = 4 * sweeps.REPEATS, []
+
+            def tick(what):
+                done_n.append(what)
+                bar.progress(len(done_n) / total, text=what)
+            threads = torch.get_num_threads()
+            with turns.hold(turns.shown(bar)):   # the machine's cores, one session's measurement at a time
+                pr = peer.measure(tgt, [ids], max(1, int(s.k)), int(p_tok), threads, sweeps.REPEATS, tick)
+            st.session_state.peer_result = (s.prompt, pr.k, threads, peer.summary(pr))
+        except Exception as e:  # every failure is a message, never a traceback
+            st.error(runs.friendly(e))
+        bar.empty()
+    got = st.session_state.get("peer_result")
+    if got:
+        prompt, k, threads, summ = got
+        st.markdown(f"Greedy, prompt lookup with k = {k} in both engines, {threads} thread(s) each, on "
+                    f"*{prompt[:80]}{'…' if len(prompt) > 80 else ''}*")
+        st.dataframe(pd.DataFrame([{
+            "engine": x["engine"], "weights": x["weights"], "plain tokens/s": round(x["baseline_tokens_per_s"], 1),
+            "prompt lookup tokens/s": round(x["tokens_per_s"], 1),
+            "speedup": f"{x['speedup']:.2f}× ({x['speedup_min']:.2f}–{x['speedup_max']:.2f})"
+                       + (" noisy: rerun" if x["noisy"] else ""),
+            "speculative text = its plain text": "yes" if x["spec_equals_plain"] else
+            "no: differs from token " + ", ".join(str(t + 1) for _, t, _ in x["first_diffs"])
+            + " (character " + ", ".join(str(c + 1) for _, _, c in x["first_diffs"]) + ")"}
+            for x in summ]).set_index("engine"))
+        for x in summ:
+            if not x["spec_equals_plain"]:
+                st.warning(f"{x['engine']}: greedy decoding with speculation changed the output. The algorithm "
+                           "is exact; the implementation scored a many-token verify pass differently from a "
+                           "one-token pass, and a near-tie went the other way. This is what the checklist's token "
+                           "diff is for.")
+
+st.markdown("## 4 · The checklist against your server")
+st.markdown("Point it at any OpenAI-compatible server (vLLM, SGLang, llama.cpp's servers): the prompts go out at "
+            "temperature 0 with speculation off and on, the answers are diffed, TTFT and TPOT come from the "
+            "streamed responses, and the server's own speculative-decoding counters from its Prometheus `/metrics` "
+            "where it exposes them. Two servers run the pairs back to back; with one, run it, restart the server "
+            "with speculation on, and run the second phase.")
+e1, e2 = st.columns(2)
+url_off = e1.text_input("Base URL, speculation off", "http://127.0.0.1:8000/v1", key="ep_off")
+url_on = e2.text_input("Base URL, speculation on (empty: the same server, restarted)", "", key="ep_on")
+e3, e4, e5 = st.columns(3)
+ep_model = e3.text_input("Model name (empty: the server's first)", "", key="ep_model")
+ep_tokens = e4.number_input("Max tokens", 1, 4096, 64, key="ep_tokens")
+ep_timeout = e5.number_input("Timeout, seconds per wait", 1, 600, 30, key="ep_timeout")
+ep_prompts = st.text_area("Prompts, one per line", "\n".join(p for _, p in pool[:3]), key="ep_prompts", height=110)
+lines = [x.strip() for x in ep_prompts.splitlines() if x.strip()]
+ss = st.session_state
+
+
+def _progress(bar):
+    seen = []
+    return lambda what: (seen.append(what), bar.progress(min(1.0, len(seen) / max(1, len(lines) * 3)), text=what))
+
+
+if url_on.strip():
+    if st.button("Run the checklist on both servers", key="ep_run", type="primary", disabled=not lines):
+        bar = st.progress(0.0, text="Asking both servers…")
+        ss.ep_report = remote.run_pair(url_off, url_on, lines, ep_model or None, None, int(ep_tokens),
+                                       float(ep_timeout), None, _progress(bar))
+        bar.empty()
+else:
+    b1, b2 = st.columns(2)
+    if b1.button("1 · Run with speculation off", key="ep_run_off", disabled=not lines):
+        bar = st.progress(0.0, text="Asking the server…")
+        ss.ep_phase_off = remote.run_phase("speculation off", url_off, lines, ep_model or None, int(ep_tokens),
+                                           float(ep_timeout), 1, _progress(bar))
+        ss.ep_lines_off = lines     # the second phase asks exactly these, even if the box is edited meanwhile
+        ss.pop("ep_report", None)
+        bar.empty()
+    if b2.button("2 · Restarted with speculation on: run again", key="ep_run_on",
+                 disabled="ep_phase_off" not in ss or not lines):
+        bar = st.progress(0.0, text="Asking the restarted server…")
+        off, asked = ss.ep_phase_off, ss.ep_lines_off
+        on = remote.run_phase("speculation on", url_off, asked, ep_model or None, int(ep_tokens), float(ep_timeout),
+                              1, _progress(bar))
+        ss.ep_report = remote.Report(asked, off, on, int(ep_tokens), float(ep_timeout), paired=False)
+        bar.empty()
+    if "ep_phase_off" in ss and "ep_report" not in ss:
+        st.info("Speculation off: done" + (f" ({ss.ep_phase_off.error})" if ss.ep_phase_off.error else "")
+                + ". Restart the server with speculation on, then press **2**.")
+
+rep = ss.get("ep_report")
+if rep:
+    for e in rep.errors:
+        st.error(e)
+    st.markdown(f"**Result:** {remote.verdict(rep)}")
+    st.dataframe(remote.table(rep))
+    st.plotly_chart(remote.figure(rep), key="ep_fig")
+    for ph in (rep.base, rep.spec):
+        st.markdown(f"- **{ph.label}** counters: " + ("; ".join(ph.counters.lines()) if ph.counters else
+                                                       "not read (the server failed)"))
+    d1, d2, d3 = st.columns(3)
+    d1.download_button("Download report (Markdown)", remote.report_markdown(rep), file_name="specdec-live-check.md",
+                       mime="text/markdown", key="ep_dl_md")
+    d2.download_button("Download report (HTML with the plot)", lambda: remote.report_html(rep),
+                       file_name="specdec-live-check.html", mime="text/html", key="ep_dl_html")
+    d3.download_button("Download table (CSV)", remote.report_csv(rep), file_name="specdec-live-check.csv",
+                       mime="text/csv", key="ep_dl_csv")

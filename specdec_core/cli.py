@@ -1,7 +1,9 @@
-"""Command line: generate, bench, bench-forward, sweep, train. `python -m specdec_core --help`.
+"""Command line: generate, bench, bench-forward, sweep, check, train. `python -m specdec_core --help`.
 
 generate prints the text (or, with --json, one JSON object as the last stdout line); bench decodes every prompt
-of a JSONL file with the baseline and each drafter side by side in one process and reports speedups;
+of a JSONL file with the baseline and each drafter side by side in one process and reports speedups (with
+--peer llama.cpp, llama.cpp plain and with its prompt lookup beside our engine, on the same model file);
+check runs the production checklist against live OpenAI-compatible servers;
 bench-forward times our forward against transformers' (per forward, and greedy tokens/s); sweep moves one of
 temperature, batch size or k; train trains a draft source for the bundled target.
 """
@@ -17,7 +19,11 @@ from .engine import run
 from .models import BUNDLED, LM, ModelError, load
 from .sampling import InputError, SamplingParams
 
-USER_ERRORS = (InputError, ModelError, DrafterUnavailable, ValueError, FileNotFoundError)
+class PeerMissing(RuntimeError):
+    """The peer engine is not installed; the message says how to install it."""
+
+
+USER_ERRORS = (InputError, ModelError, DrafterUnavailable, ValueError, FileNotFoundError, PeerMissing)
 
 
 def _common(ap: argparse.ArgumentParser) -> None:
@@ -64,9 +70,13 @@ def parser() -> argparse.ArgumentParser:
     _common(g)
     b = sub.add_parser("bench", help="baseline vs drafters on a prompt file, side by side")
     b.add_argument("--prompts", required=True, nargs="+", help="JSONL files, one {\"prompt\": ...} per line")
-    b.add_argument("--drafter", action="append", required=True, help="repeatable")
+    b.add_argument("--drafter", action="append", default=None, help="repeatable (required without --peer)")
     b.add_argument("--hf", action="store_true",
                    help="also time transformers' generate, plain and with its prompt lookup (k=10)")
+    b.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    b.add_argument("--peer", choices=["llama.cpp"], default=None,
+                   help="also run llama.cpp (make peers) on the same GGUF: plain and with its prompt lookup at the "
+                        "same k, interleaved with our plain and lookup runs, same threads")
     _repeats(b)
     _common(b)
     s = sub.add_parser("sweep", help="acceptance and speedup against temperature, batch size or k")
@@ -89,6 +99,23 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--drafter", action="append", default=None,
                    help="drafters timed with our forward (repeatable; default: lookup and medusa)")
     _common(f)
+    c = sub.add_parser("check", help="the production checklist against live OpenAI-compatible servers")
+    c.add_argument("--base-url", required=True, help="the server with speculation off, e.g. http://127.0.0.1:8000/v1")
+    c.add_argument("--base-url-spec", default=None,
+                   help="the server with speculation on; without it, the checklist waits while you restart the "
+                        "--base-url server with speculation on")
+    c.add_argument("--prompts", required=True, help="JSONL, one {\"prompt\": ...} per line")
+    c.add_argument("--model", default=None, help="the model name to ask for (default: the server's first)")
+    c.add_argument("--model-spec", default=None, help="the speculative server's model name (default: --model)")
+    c.add_argument("--max-tokens", type=int, default=64)
+    c.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds to wait for a connection and for each streamed event (default 30)")
+    c.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    c.add_argument("--html", default=None, help="write the report as HTML (with the plot) here")
+    c.add_argument("--md", default=None, help="write the report as Markdown here")
+    c.add_argument("--csv", default=None, help="write one row per prompt and repeat as CSV here")
+    c.add_argument("--json", action="store_true", help="one JSON object per prompt, then the verdict")
+    _repeats(c)
     t = sub.add_parser("train", help="train a draft source for the bundled target", add_help=False)
     t.add_argument("kind", choices=["draft", "early-exit", "medusa"])
     return ap
@@ -177,11 +204,15 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.peer:
+        return cmd_bench_peer(args)
+    if not args.drafter:
+        raise InputError("bench needs --drafter (repeatable), or --peer llama.cpp")
     import pandas as pd
     from tqdm import tqdm
     from .bench.sweeps import per_prompt
     from .bench.workloads import load_jsonl
-    rows_in = [r for f in args.prompts for r in load_jsonl(f)]
+    rows_in = [r for f in args.prompts for r in load_jsonl(f)][:args.limit]
     sp = _check_early(args)
     for d in args.drafter:
         if d not in NAMES:
@@ -220,6 +251,120 @@ def cmd_bench(args) -> int:
             acceptance_rate=("acceptance_rate", "mean"), mean_speedup=("speedup", "mean"))
         print("\nper category\n" + cat.round(3).to_string(), file=dest)
     return 0
+
+
+def cmd_bench_peer(args) -> int:
+    """Our engine and llama.cpp on the same GGUF, same prompt ids, greedy, plain and prompt lookup at one k."""
+    from tqdm import tqdm
+    from .bench.workloads import load_jsonl
+    from .drafters.lookup import PromptLookup
+    from .serving import peer
+    rows = [r for f in args.prompts for r in load_jsonl(f)][:args.limit]
+    _check_early(args)
+    if args.temperature != 0:
+        raise InputError("--peer compares greedy decoding (is each engine's speculative text its own plain "
+                         "text?): leave --temperature at 0")
+    if args.drafter and set(args.drafter) != {"lookup"}:
+        raise InputError("--peer compares prompt lookup with llama.cpp's prompt lookup: --drafter must be lookup "
+                         "(or left out)")
+    if args.model != BUNDLED or args.forward != "ours" or args.hf or args.raw:
+        raise InputError("--peer runs the bundled GGUF through our forward and the chat template; leave out "
+                         "--model, --forward hf, --hf and --raw")
+    k = PromptLookup.default_k if args.k is None else args.k
+    if k < 1:
+        raise InputError(f"--peer needs k >= 1 (both engines draft k tokens), got {k}")
+    why = peer.unavailable()
+    if why:
+        raise PeerMissing(why)
+    import torch
+    args.threads = args.threads or torch.get_num_threads()
+    target, _ = _models(args)
+    prompts = [target.encode(r["prompt"]).tolist() for r in rows]
+    meta = [{"id": r["id"], "category": r.get("category", "")} for r in rows]
+    repeats = args.repeats or REPEATS
+    bar = tqdm(total=4 * repeats * len(prompts), desc="bench --peer llama.cpp", file=sys.stderr)
+    pr = peer.measure(target, prompts, k, args.max_new_tokens, args.threads, repeats, lambda _: bar.update())
+    bar.close()
+    if args.json:
+        for r in peer.rows(pr, meta):
+            print(json.dumps(r), flush=True)
+    summ = peer.summary(pr)
+    dest = sys.stderr if args.json else sys.stdout
+    print(f"\nsame model file (SmolLM2-135M-Instruct Q4_1 GGUF), same prompt ids (chat template), greedy, "
+          f"k = {k} for both prompt lookups, {args.threads} thread(s) each, up to {args.max_new_tokens} new tokens, "
+          f"{len(prompts)} prompt(s) from {' '.join(args.prompts)}, {repeats} back-to-back repeats (order "
+          f"alternating); llama.cpp = llama-cpp-python {pr.peer_version}", file=dest)
+    print(peer.table_text(summ), file=dest)
+    print("caveat: llama.cpp computes with the file's 4-bit blocks, we with the weights de-quantized to "
+          f"{pr.dtype}: the engines' texts differ from each other; each speculative text is compared with its "
+          "own engine's plain text", file=dest)
+    if args.json:
+        for s_ in summ:
+            print(json.dumps({"summary": True, **s_}), flush=True)
+    return 0
+
+
+def _check_prompts(path: str, limit: int | None) -> list[str]:
+    from .bench.workloads import load_jsonl
+    rows = load_jsonl(path)[:limit]
+    if not rows:
+        raise InputError(f"--prompts {path!r} holds no prompt")
+    return [r["prompt"] for r in rows]
+
+
+def cmd_check(args) -> int:
+    """The checklist against live servers: a report (terminal, and --html/--md/--csv files); status 1 when a
+    server failed (the report keeps everything else), 2 for bad arguments."""
+    from .serving import endpoint, remote
+    prompts = _check_prompts(args.prompts, args.limit)
+    if not 1 <= args.max_tokens <= 4096:
+        raise InputError(f"--max-tokens must be in [1, 4096], got {args.max_tokens}")
+    if not 0 < args.timeout <= 3600:
+        raise InputError(f"--timeout must be in (0, 3600] seconds, got {args.timeout}")
+    if args.repeats is not None and not 1 <= args.repeats <= 50:
+        raise InputError(f"--repeats must be an integer in [1, 50], got {args.repeats}")
+    for u in filter(None, (args.base_url, args.base_url_spec)):
+        try:
+            endpoint.roots(u)
+        except endpoint.EndpointError as e:
+            raise InputError(str(e)) from None
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)
+    if args.base_url_spec:
+        rep = remote.run_pair(args.base_url, args.base_url_spec, prompts, args.model, args.model_spec,
+                              args.max_tokens, args.timeout, args.repeats, say)
+    else:
+        n = args.repeats or 1
+        base = remote.run_phase("speculation off", args.base_url, prompts, args.model, args.max_tokens,
+                                args.timeout, n, say)
+        say(f"speculation off: done. Restart the server at {args.base_url} with speculation on, then press Enter.")
+        try:
+            input()
+            spec = remote.run_phase("speculation on", args.base_url, prompts, args.model_spec or args.model,
+                                    args.max_tokens, args.timeout, n, say)
+        except EOFError:
+            spec = remote.Phase("speculation on", args.base_url,
+                                error="speculation on: not run (no Enter on standard input after the restart; "
+                                      "give --base-url-spec to check two servers without waiting)")
+        rep = remote.Report(prompts, base, spec, args.max_tokens, args.timeout, paired=False)
+    for e in rep.errors:
+        print(f"error: {e}", file=sys.stderr)
+    if args.json:
+        for i in range(len(prompts)):
+            a, b = rep.base.first(i), rep.spec.first(i)
+            print(json.dumps({"prompt": i + 1, **rep.diff(i), "timing": rep.timing(i),
+                              "off": a.to_dict() if a else None, "on": b.to_dict() if b else None}))
+        print(json.dumps({"verdict": remote.verdict(rep), "errors": rep.errors,
+                          "counters": {ph.label: ph.counters.lines() if ph.counters else None
+                                       for ph in (rep.base, rep.spec)}}))
+    else:
+        print(remote.report_markdown(rep))
+    for path, make_text in ((args.html, remote.report_html), (args.md, remote.report_markdown),
+                            (args.csv, remote.report_csv)):
+        if path:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(make_text(rep))
+            say(f"wrote {path}")
+    return 1 if rep.errors else 0
 
 
 def _floats(s: str, what: str) -> list[float]:
@@ -303,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(args.kind, rest)
     args = parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep,
+        return {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "check": cmd_check,
                 "bench-forward": cmd_bench_forward}[args.cmd](args)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

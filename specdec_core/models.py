@@ -275,6 +275,11 @@ def bundled_dir() -> Path:
     return d
 
 
+def bundled_gguf() -> Path:
+    """The bundled model's GGUF file itself (a peer engine such as llama.cpp reads it as is)."""
+    return bundled_dir() / _GGUF
+
+
 def _gguf_dense():
     """Ask transformers to unpack the GGUF into plain dense weights (it does so anyway where it has no
     packed-matmul kernel, after warning that the weights would "stay quantized": here they never do)."""

@@ -84,7 +84,7 @@ def figure(results: list[PromptResult]) -> go.Figure:
     return fig
 
 
-def _md_table(df: pd.DataFrame) -> str:
+def md_table(df: pd.DataFrame) -> str:
     cols = [df.index.name or ""] + list(df.columns)
     rows = [[str(i)] + [str(v) for v in row] for i, row in zip(df.index, df.itertuples(index=False))]
     return "\n".join("| " + " | ".join(r) + " |" for r in [cols, ["---"] * len(cols)] + rows)
@@ -94,7 +94,7 @@ def report_markdown(settings, results: list[PromptResult], engines_md: str = "")
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Speculative decoding checklist report", "", f"Generated {when} by specdec.", "",
              f"Settings: {settings.summary()} (the checklist always decodes greedily).", "",
-             "## Verdict", "", verdict(results), "", "## Per prompt", "", _md_table(table(results)), "",
+             "## Verdict", "", verdict(results), "", "## Per prompt", "", md_table(table(results)), "",
              "## Prompts", ""]
     lines += [f"{i}. {r.prompt!r}" for i, r in enumerate(results, 1)]
     lines += ["", "## Token diff", ""]

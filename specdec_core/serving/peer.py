@@ -1,0 +1,221 @@
+"""llama.cpp beside our engine: the lesson's advice ("measure on your own engine, check the output stays
+identical") applied to a production engine.
+
+Both engines read the same bundled GGUF and get the same prompt token ids (our chat template, applied once),
+decode greedily up to the same number of new tokens and stop at the same end-of-sequence ids. Each decodes
+plainly and with prompt lookup at the same k: ours is the `lookup` drafter (latest match of the last 3..1
+tokens), llama.cpp's is llama-cpp-python's `LlamaPromptLookupDecoding` (first match of the last 2..1 tokens).
+For every repeat and prompt the four runs go back to back in this process, the order reversed every other
+repeat, and each engine's speedup over its own plain decoding follows the project's one measuring rule
+(bench.sweeps.ratios). Thread count: the same for both (torch.set_num_threads and llama.cpp's n_threads).
+
+What differs, and the report says so: llama.cpp computes with the file's 4-bit (Q4_1) blocks, we run the same
+weights de-quantized to bf16 (or fp32), so the two engines' texts are not expected to match each other; each
+engine's speculative text is compared with its own plain text.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..bench.sweeps import REPEATS, ratios
+from ..drafters import make
+from ..engine import run
+from ..models import LM, bundled_gguf
+from ..sampling import SamplingParams
+
+PEER = "llama.cpp"
+PEER_PACKAGE = "llama-cpp-python==0.3.36"
+INSTALL_HINT = "run `make peers` (installs llama-cpp-python==0.3.36; it builds llama.cpp from source, " \
+               "about 9 minutes on 2 cores)"
+ENGINES = ("ours", PEER)
+
+
+class PeerUnavailable(RuntimeError):
+    """llama.cpp's Python bindings are not installed; the message says how to install them."""
+
+
+def unavailable() -> str | None:
+    """Why the peer cannot run here, or None when it can."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as e:
+        return f"llama.cpp is not installed ({e.name or 'llama_cpp'} missing): {INSTALL_HINT}"
+    return None
+
+
+def version() -> str:
+    import llama_cpp
+    return getattr(llama_cpp, "__version__", "?")
+
+
+def context_size(longest: int) -> int:
+    """llama.cpp's context for sequences up to `longest` tokens, in steps of 256. Kept small on purpose: with a
+    draft model llama-cpp-python keeps logits for every slot of the context (n_ctx x 49,152 floats, 400 MB at
+    2048)."""
+    return 256 * ((longest + 8) // 256 + 1)
+
+
+def open_llama(threads: int, k: int = 0, n_ctx: int = 512):
+    """The bundled GGUF in llama.cpp; with k > 0, with its prompt-lookup drafting of k tokens."""
+    why = unavailable()
+    if why:
+        raise PeerUnavailable(why)
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=k) if k > 0 else None
+    return Llama(model_path=str(bundled_gguf()), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
+                 draft_model=draft, verbose=False)
+
+
+def llama_decode(llm, ids: list[int], max_new: int, eos: set[int]) -> tuple[list[int], float, float]:
+    """Greedy decoding in llama.cpp from our prompt ids -> (new ids, seconds, seconds to the first token).
+    reset() first, so every run pays its own prefill: llama-cpp-python would otherwise reuse the KV cache of
+    the previous run's matching prefix, which our engine does not do. The end-of-sequence id is kept in the
+    output, as our engine keeps it."""
+    llm.reset()
+    out: list[int] = []
+    t0 = time.perf_counter()
+    first = 0.0
+    gen = llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0)
+    for tok in gen:
+        if not out:
+            first = time.perf_counter() - t0
+        out.append(int(tok))
+        if tok in eos or len(out) >= max_new:
+            break
+    gen.close()
+    return out, time.perf_counter() - t0, first
+
+
+def first_diff(a: list, b: list) -> int | None:
+    """Index of the first position where two sequences differ (a prefix ends one), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass
+class Timed:
+    ids: list[int]
+    seconds: float
+    ttft: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.ids) / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class PeerRun:
+    """Every timed run: runs[(engine, mode)][repeat][prompt], mode 'plain' or 'spec'."""
+    k: int
+    threads: int
+    max_new: int
+    dtype: str
+    peer_version: str
+    texts: Callable[[list[int]], str]
+    runs: dict = field(default_factory=dict)
+    prompt_ids: list = field(default_factory=list)
+
+
+def measure(target: LM, prompts: list[list[int]], k: int, max_new: int, threads: int,
+            repeats: int | None = None, tick: Callable[[str], None] | None = None) -> PeerRun:
+    """Both engines, plain and with prompt lookup, back to back per prompt and repeat (order alternating)."""
+    import torch
+    why = unavailable()
+    if why:
+        raise PeerUnavailable(why)
+    torch.set_num_threads(threads)
+    repeats = repeats or REPEATS
+    sp = SamplingParams(temperature=0.0)
+    eos = set(target.eos_ids)
+    plain, lookup = make("none", target), make("lookup", target)
+    n_ctx = context_size(max(len(p) for p in prompts) + max_new)
+    ll_plain, ll_spec = open_llama(threads, 0, n_ctx), open_llama(threads, k, n_ctx)
+
+    def one(engine: str, mode: str, ids: list[int], n: int) -> Timed:
+        if engine == "ours":
+            out, _, m = run(target, plain if mode == "plain" else lookup, ids, sp=sp,
+                            k=0 if mode == "plain" else k, max_new_tokens=n, detail=False)
+            return Timed(out, m.total_s, m.ttft_s)
+        return Timed(*llama_decode(ll_plain if mode == "plain" else ll_spec, ids, n, eos))
+
+    variants = [(e, m) for e in ENGINES for m in ("plain", "spec")]
+    warm = target.encode("Hello").tolist()
+    for e, m in variants:   # one-off costs (allocator, kernels, thread pools) before anything is timed
+        one(e, m, warm, 8)
+    pr = PeerRun(k, threads, max_new, str(target.dtype).removeprefix("torch."), version(),
+                 lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True),
+                 {v: [] for v in variants}, [list(p) for p in prompts])
+    for r in range(repeats):
+        for v in variants:
+            pr.runs[v].append([None] * len(prompts))
+        for i, ids in enumerate(pr.prompt_ids):
+            for e, m in (variants if r % 2 == 0 else variants[::-1]):
+                pr.runs[(e, m)][r][i] = one(e, m, ids, max_new)
+                if tick:
+                    tick(f"prompt {i + 1}, {e} {m}, repeat {r + 1}")
+    return pr
+
+
+def _diff(pr: PeerRun, a: list[int], b: list[int]) -> dict:
+    d = first_diff(a, b)
+    ta, tb = pr.texts(a), pr.texts(b)
+    return {"identical": d is None, "first_diff_token": d, "first_diff_char": first_diff(ta, tb)}
+
+
+def rows(pr: PeerRun, meta: list[dict] | None = None) -> list[dict]:
+    """One row per (prompt, engine): tokens/s plain and speculative, the speedup by the measuring rule, and
+    whether the speculative text equals the engine's own plain text (first differing token and character)."""
+    out = []
+    for i in range(len(pr.prompt_ids)):
+        for e in ENGINES:
+            pl = [rep[i] for rep in pr.runs[(e, "plain")]]
+            sp = [rep[i] for rep in pr.runs[(e, "spec")]]
+            steady = all(x.ids == pl[0].ids for x in pl) and all(x.ids == sp[0].ids for x in sp)
+            out.append({**(meta[i] if meta else {"prompt": i + 1}), "engine": e, "k": pr.k,
+                        "threads": pr.threads, "tokens_plain": len(pl[0].ids), "tokens_spec": len(sp[0].ids),
+                        **ratios([x.tokens_per_s for x in sp], [x.tokens_per_s for x in pl]),
+                        "ttft_ms_plain": 1e3 * pl[0].ttft, "ttft_ms_spec": 1e3 * sp[0].ttft,
+                        **_diff(pr, pl[0].ids, sp[0].ids), "same_output_every_repeat": steady})
+    return out
+
+
+def summary(pr: PeerRun) -> list[dict]:
+    """One row per engine over all prompts: each repeat's total tokens over total seconds, plain and
+    speculative, paired by repeat (the measuring rule); how many prompts kept the plain text exactly."""
+    out = []
+    for e in ENGINES:
+        pl, sp = pr.runs[(e, "plain")], pr.runs[(e, "spec")]
+        tps = lambda rep: sum(len(x.ids) for x in rep) / sum(x.seconds for x in rep)
+        diffs = [_diff(pr, a.ids, b.ids) for a, b in zip(pl[0], sp[0])]
+        ident = sum(d["identical"] for d in diffs)
+        out.append({"engine": e, "weights": "Q4_1 (4-bit blocks, as in the file)" if e == PEER
+                    else f"{pr.dtype} (the file's weights de-quantized)",
+                    "version": pr.peer_version if e == PEER else "this project",
+                    "threads": pr.threads, "k": pr.k, "prompts": len(pl[0]),
+                    "tokens_plain": sum(len(x.ids) for x in pl[0]), "tokens_spec": sum(len(x.ids) for x in sp[0]),
+                    **ratios([tps(rep) for rep in sp], [tps(rep) for rep in pl]),
+                    "identical_prompts": ident, "spec_equals_plain": ident == len(diffs),
+                    "first_diffs": [(i + 1, d["first_diff_token"], d["first_diff_char"])
+                                    for i, d in enumerate(diffs) if not d["identical"]]})
+    return out
+
+
+def table_text(summ: list[dict]) -> str:
+    """The summary as a plain-text table for the command line."""
+    head = ["engine", "weights", "plain tok/s", "lookup tok/s", "speedup (min-max)", "spec text = plain text"]
+    lines = []
+    for s in summ:
+        same = (f"yes, {s['identical_prompts']}/{s['prompts']} prompts" if s["spec_equals_plain"] else
+                f"no, {s['identical_prompts']}/{s['prompts']} identical; first differences (prompt, token, "
+                f"character; from 1): " + ", ".join(f"({p}, {t + 1}, {c + 1})" for p, t, c in s["first_diffs"]))
+        lines.append([s["engine"], s["weights"], f"{s['baseline_tokens_per_s']:.1f}", f"{s['tokens_per_s']:.1f}",
+                      f"{s['speedup']:.2f}x ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})"
+                      + (" noisy: rerun" if s["noisy"] else ""), same])
+    w = [max(len(str(r[j])) for r in [head] + lines) for j in range(len(head) - 1)]
+    fmt = lambda r: "  ".join(str(c).ljust(w[j]) for j, c in enumerate(r[:-1])) + "  " + r[-1]
+    return "\n".join([fmt(head)] + [fmt(r) for r in lines])
