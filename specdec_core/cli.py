@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
                    help="drafters timed with our forward (repeatable; default: lookup and medusa)")
     _common(f)
     t = sub.add_parser("train", help="train a draft source for the bundled target", add_help=False)
-    t.add_argument("kind", choices=["draft", "early-exit", "medusa"])
+    t.add_argument("kind", choices=["draft", "early-exit", "medusa", "eagle"])
     return ap
 
 
