@@ -12,12 +12,15 @@ drafting). Loss, as EAGLE: smooth L1 on the feature + cross-entropy to the targe
 frozen LM head (over the draft vocabulary), shown as KL.
 
 Drafting feeds the head its own predicted features (only the root's is the target's), which teacher forcing
-never shows it. So each step also unrolls the window W times, replacing inputs 1.. with the previous pass's
-predictions (after pass p, positions 0..p hold exactly what drafting computes), and the last pass's outputs
-are trained too (as HASS / EAGLE-3's training-time test do).
+never shows it. So each step also runs the window again (--unroll passes in all), replacing inputs 1.. with
+the previous pass's predictions (after pass p, positions 0..p hold exactly what drafting computes; --unroll W
+makes every position exact), and the last pass's outputs are trained too (as HASS / EAGLE-3's training-time
+test do). On 2 shared cores each pass costs, so the default is 2.
 
 Then, on the held-out prompts: the engine's greedy mean acceptance length and wall time for a few tree
-budgets (depth x top-k x nodes); the budget with the most tokens per second ships in the manifest.
+budgets (depth x top-k x nodes); the budget with the most tokens per second ships in the manifest. (The
+held-out prompts are run by the engine directly: no held-out answers are generated beforehand, which on 2
+shared cores cost minutes.)
 """
 from __future__ import annotations
 
@@ -31,12 +34,11 @@ from tqdm.auto import tqdm
 
 from ..drafters.eagle import Eagle, Head, head_weight, load_head
 from . import distill
-from .common import (WEIGHTS, acceptance, heldout, prepare, schedule, target_step_cost, time_forward, vocab_desc,
-                     write_manifest)
+from .common import WEIGHTS, acceptance, prepare, schedule, target_step_cost, time_forward, write_manifest
 from .medusa import hidden_states
 
 W_CE = 1.0                                   # weight of the distribution loss against the feature loss
-TREES = ((4, 4, 8), (5, 4, 12), (6, 4, 16), (6, 6, 24))   # (depth, topk, nodes) budgets measured
+TREES = "4x3x8,6x4x16"   # depth x topk x nodes: the tree budgets measured on the held-out prompts
 
 
 def _args(argv):
@@ -45,17 +47,27 @@ def _args(argv):
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=48, help="windows per step")
     ap.add_argument("--window", type=int, default=5, help="positions per window (the deepest chain trained)")
+    ap.add_argument("--unroll", type=int, default=2, help="passes per window: 1 = teacher forcing only; "
+                    "--window = every position sees exactly what drafting computes")
     ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (tokens the head ranks)")
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--minutes", type=float, default=0, help="cap on training time (0 = none): the schedule "
+                    "runs on max(step / steps, time / cap), so a slow, shared machine ends early, annealed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--n-prompts", type=int, default=None, help="use only the first N training prompts")
-    ap.add_argument("--eval-prompts", type=int, default=6, help="held-out prompts measured")
-    ap.add_argument("--eval-tokens", type=int, default=96, help="new tokens per held-out prompt")
+    ap.add_argument("--trees", default=TREES, help="tree budgets measured, DEPTHxTOPKxNODES,...; the fastest ships")
+    ap.add_argument("--eval-prompts", type=int, default=3, help="held-out prompts measured")
+    ap.add_argument("--eval-tokens", type=int, default=64, help="new tokens per held-out prompt")
     ap.add_argument("--out", type=Path, default=WEIGHTS, help="folder for the weights and manifest")
     a = ap.parse_args(argv)
-    if a.steps < 1 or a.batch < 1 or a.lr <= 0 or not 1 <= a.window <= 16:
-        ap.error("need --steps >= 1, --batch >= 1, --lr > 0 and 1 <= --window <= 16")
+    try:
+        a.trees = [tuple(int(x) for x in t.split("x")) for t in a.trees.split(",")]
+        assert all(len(t) == 3 and min(t) >= 1 for t in a.trees)
+    except (ValueError, AssertionError):
+        ap.error(f"--trees wants DEPTHxTOPKxNODES,..., got {a.trees!r}")
+    if a.steps < 1 or a.batch < 1 or a.lr <= 0 or not 1 <= a.window <= 16 or not 1 <= a.unroll <= a.window:
+        ap.error("need --steps >= 1, --batch >= 1, --lr > 0, 1 <= --window <= 16, 1 <= --unroll <= --window")
     return a
 
 
@@ -106,15 +118,21 @@ def main(argv: list[str]) -> int:
     ema: dict[str, float] = {}
     t0 = time.perf_counter()
     bar = tqdm(range(a.steps), desc="train eagle", unit="step")
+    done = 0
     for step in bar:
+        el = (time.perf_counter() - t0) / 60
+        eff = max(step, int(a.steps * el / a.minutes)) if a.minutes else step
+        if eff >= a.steps:
+            break
+        done = step + 1
         g = starts[torch.randint(len(starts), (a.batch,), generator=gen)][:, None] + torch.arange(W)   # [B, W]
         f0, target = Hc[g - 1].float(), Hc[g].float()                                   # [B, W, H]
         e = emb[TOK[g]].float()
         d, lp = vocab.targets(IDX[DROW[g].flatten()], LOGP[DROW[g].flatten()])
         ent = distill.entropy_top(LOGP[DROW[g].flatten()])
-        schedule(opt, step, a.steps, a.lr)
+        schedule(opt, eff, a.steps, a.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            outs = unrolled(head, f0, e, pos, see, W)
+            outs = unrolled(head, f0, e, pos, see, a.unroll)
             parts = {}
             for name, out in (("tf", outs[0]), ("unroll", outs[-1])):
                 reg = F.smooth_l1_loss(out.float(), target)
@@ -140,10 +158,9 @@ def main(argv: list[str]) -> int:
               metadata={"window": str(W), "seed": str(a.seed), "vocab_size": str(lm.vocab_size)})
     shipped, _ = load_head(lm.model, path)   # measure exactly what ships
 
-    held = heldout(lm, a.eval_prompts)
     prompts = distill.HELDOUT[:a.eval_prompts]
     table = {}
-    for depth, topk, nodes in TREES:
+    for depth, topk, nodes in a.trees:
         dr = Eagle(lm, shipped, manifest={"target": lm.name}, depth=depth, topk=topk, nodes=nodes)
         t = time.perf_counter()
         res = acceptance(lm, dr, prompts, depth, a.eval_tokens)
@@ -171,8 +188,10 @@ def main(argv: list[str]) -> int:
                    "the target's last layer) -> RMSNorm -> the target's LM head (frozen, not shipped) over the "
                    "draft vocabulary", feature="the target's final-norm hidden state (the LM head's input)",
                    params=sum(p.numel() for p in head.parameters()), dtype="bfloat16 (stored), float32 (run)"),
-        vocab=vocab_desc(vocab, rows, held),
-        data=dict(desc, windows=len(starts), window=W), steps=a.steps, batch=a.batch, lr=a.lr,
+        vocab=dict(size=len(vocab.ids), train_coverage=round(vocab.coverage([r[0] for r in rows],
+                   [r[1] for r in rows]), 4), how="as the other trained drafters (training/common.py make_vocab)"),
+        data=dict(desc, windows=len(starts), window=W), unroll=a.unroll, steps=done, steps_planned=a.steps,
+        minutes_cap=a.minutes, batch=a.batch, lr=a.lr,
         loss=f"mean over (teacher-forced pass, last unrolled pass) of smooth_L1(f^, f) + {W_CE} * "
              "CE(p || q) over the target's top-64 + rest; final_loss shows CE as KL",
         final_loss={k: round(v, 4) for k, v in ema.items()}, train_seconds=round(train_s, 1),
