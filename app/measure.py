@@ -27,7 +27,7 @@ from .runs import Settings, UserError
 
 SPEC = tuple(n for n in drafters.NAMES if n != "none")   # what can be measured against the baseline
 COLORS = {"none": "#546e7a", "lookup": "#2e7d32", "draft": "#1565c0", "early-exit": "#ef6c00",
-          "medusa": "#7b1fa2"}
+          "medusa": "#7b1fa2", "eagle": "#c62828"}
 BASE_COLOR = "#546e7a"
 FONT = dict(size=14)
 

@@ -117,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="one JSON object per prompt, then the verdict")
     _repeats(c)
     t = sub.add_parser("train", help="train a draft source for the bundled target", add_help=False)
-    t.add_argument("kind", choices=["draft", "early-exit", "medusa"])
+    t.add_argument("kind", choices=["draft", "early-exit", "medusa", "eagle"])
     return ap
 
 

@@ -3,7 +3,7 @@
 A drafter proposes up to k new tokens after the committed context, with the distribution q each was drawn
 from (None for a deterministic draft, which verification treats as one-hot), or a candidate tree. After
 verification it is told how many of its tokens survived; a drafter that reads the target's hidden state
-(Medusa) is also handed, after every target forward, the final hidden state of the newest token the target
+(Medusa, EAGLE) is also handed, after every target forward, the final hidden state of the newest token the target
 has run. Everything else, including exactness, is the engine's job.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Drafter(Protocol):
         pass
 
 
-NAMES = ("none", "lookup", "suffix", "draft", "early-exit", "medusa")
+NAMES = ("none", "lookup", "suffix", "draft", "early-exit", "medusa", "eagle")
 DESCRIPTIONS = {
     "none": "plain decoding: one target forward per token (the baseline)",
     "lookup": "prompt lookup: copy the continuation of the latest n-gram match in the context",
@@ -79,6 +79,7 @@ DESCRIPTIONS = {
     "draft": "a separate, smaller draft model with the same vocabulary",
     "early-exit": "self-speculation: the target's first layers plus a trained exit draft",
     "medusa": "extra heads on the target propose a tree of candidates, verified in one pass",
+    "eagle": "a one-layer head drafts the target's next hidden states; a tree shaped by its confidence",
 }
 
 
@@ -110,6 +111,9 @@ def make(name: str, target, draft_lm=None, **kw) -> Drafter:
     if name == "medusa":
         from .medusa import Medusa
         return Medusa(target, **kw)
+    if name == "eagle":
+        from .eagle import Eagle
+        return Eagle(target, **kw)
     if name == "early-exit":
         from .early_exit import EarlyExit, load_exit, WEIGHTS as EE_WEIGHTS
         from ..models import BUNDLED_NAME

@@ -5,8 +5,10 @@
               measurement among --layers (LayerSkip, Elhoushi et al. 2024; Kangaroo, Liu et al. 2024)
   medusa      medusa.py: Medusa heads on the target's last hidden state, and the tree they propose
               (Cai et al. 2024)
+  eagle       eagle.py: a one-layer head that predicts the target's next hidden state from the current one and
+              the next token (EAGLE, Li et al. 2024), drafting EAGLE-2's dynamic tree
 
-All three learn by KL to the target's distributions on its own answers: distill.py makes that data (and the
+All learn by KL to the target's distributions on its own answers: distill.py makes that data (and the
 loss), prompts.py adds template prompts to distill.py's hand-written ones, common.py holds what the trainers
 share (data loading, the training loop, held-out measurements, the manifest). Each run is seeded, shows progress
 and loss, and writes <out>/<kind>.safetensors plus <kind>.manifest.json (data, steps, loss, measured acceptance
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-KINDS = ("draft", "early-exit", "medusa")
+KINDS = ("draft", "early-exit", "medusa", "eagle")
 
 
 def main(kind: str, argv: list[str]) -> int:
@@ -28,6 +30,8 @@ def main(kind: str, argv: list[str]) -> int:
         from .early_exit import main as train
     elif kind == "medusa":
         from .medusa import main as train
+    elif kind == "eagle":
+        from .eagle import main as train
     else:
         print(f"train: unknown kind {kind!r}; choose one of: {', '.join(KINDS)}", file=sys.stderr)
         return 2

@@ -1,0 +1,160 @@
+"""EAGLE (Li et al. 2024) with EAGLE-2's dynamic tree: the tree is prefix-closed, ranked by the head, within
+depth k; the output is the target's (greedy token for token on the bundled model, sampled by chi-square on a
+tiny one); the shipped head matches its manifest and reproduces its held-out figure."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specdec_core import SamplingParams, engine, load
+from specdec_core.drafters import DraftContext, DrafterUnavailable, make
+from specdec_core.drafters.eagle import MANIFEST, WEIGHTS, Eagle, Head
+from specdec_core.models import LM, attach_forward
+from specdec_core.training.eagle import examples, unrolled
+from tests.gof import ALPHA, gof
+from tests.tiny import V, exact_joint, tiny_lm
+
+
+def _random_head(tgt, seed=0, scale=0.3) -> Head:
+    """An untrained head, perturbed so that its ranking depends on the input: exactness must not care."""
+    torch.manual_seed(seed)
+    head = Head.for_target(tgt.model)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return head.eval()
+
+
+def _ctx(tokens, k):
+    return DraftContext(tokens=tokens, prompt_len=len(tokens) - 1, k=k, sp=SamplingParams(), gen=None)
+
+
+def test_tree_is_prefix_closed_ranked_and_within_k(one_thread):
+    tgt = tiny_lm(1, layers=1)
+    d = Eagle(tgt, _random_head(tgt), manifest={}, depth=4, topk=3, nodes=10)
+    prompt = [1, 2, 3, 4]
+    _, h = tgt.forward(torch.tensor(prompt[:-1]), tgt.new_cache(), last_only=True, hidden=True)
+    for k in (1, 2, 3, 4, 6):
+        d.begin(prompt)
+        d.observe(h[-1], len(prompt) - 1)
+        prop = d.propose(_ctx(prompt, k))
+        tree = prop.tree                               # compile_tree raised already if not prefix-closed
+        assert 1 <= tree.max_depth <= min(k, 4) and tree.size - 1 == len(prop.tokens) <= 10
+        assert all(len(p) == 1 or p[:-1] in tree.paths for p in tree.paths)
+        # depth 1 holds the root step's best tokens, in rank order
+        f, logp, _ = d._step(h[-1].float()[None], torch.tensor([prompt[-1]]), torch.zeros(1, dtype=torch.long),
+                             torch.ones(1, 1, dtype=torch.bool), None)
+        best = torch.topk(logp[0], 3).indices.tolist()
+        first = [int(prop.tokens[i]) for i, p in enumerate(tree.paths) if len(p) == 1]
+        assert first == [best[p[0]] for p in tree.paths if len(p) == 1]
+    d.begin(prompt)
+    d.observe(h[-1], len(prompt) - 2)                  # a stale hidden state: nothing to propose
+    assert len(d.propose(_ctx(prompt, 3)).tokens) == 0
+
+
+def test_sampled_eagle_trees_have_the_target_law(one_thread):
+    """Dynamic trees from a random head, verified with the multi-candidate rule: the first two tokens follow the
+    target's exact joint law (chi-square at 2,500 runs)."""
+    tgt = tiny_lm(1, layers=1)
+    d = Eagle(tgt, _random_head(tgt, 1), manifest={}, depth=3, topk=3, nodes=8)
+    prompt = [1, 2, 3]
+    law = exact_joint(tgt, prompt, 2, temperature=1.0).numpy()
+    counts = np.zeros((V, V), dtype=np.int64)
+    branching = 0
+    for seed in range(2500):
+        ids, recs, _ = engine.run(tgt, d, prompt, sp=SamplingParams(seed=seed, temperature=1.0), k=3,
+                                  max_new_tokens=3, detail=False, stop_at_eos=False)
+        counts[ids[0], ids[1]] += 1                     # the first step's tree decides both (3 tokens: k = 2)
+        branching += max(len(p) for p in recs[0].info["tree"]) == 2 and len(recs[0].info["tree"]) == 8
+    assert branching == 2500                           # every first step verified a full, two-level tree
+    assert gof(counts, law) > ALPHA
+
+
+def test_greedy_equals_plain_decoding(bundled, one_thread):
+    """Bit for bit on the bundled model, default dtype, our forward."""
+    d = make("eagle", bundled)
+    assert d.reads_hidden and bundled.forward_name == "ours"
+    total = 0
+    for p in ("Write a Python function that reverses a linked list.",
+              "Return a JSON object with keys name, age and city for a made-up person.",
+              "Explain in two sentences why the sky is blue."):
+        ids = bundled.encode(p)
+        base, _, _ = engine.run(bundled, make("none", bundled), ids, max_new_tokens=28, detail=False)
+        got, recs, m = engine.run(bundled, d, ids, max_new_tokens=28, detail=True)
+        assert got == base, p
+        for r in recs:
+            assert [c.token for c in r.committed][:r.n_accepted] == r.drafted[:r.n_accepted]
+        total += m.mean_acceptance_length
+    assert total / 3 > 1.5                             # trained: well above one token per target forward
+
+
+def test_unavailable_for_other_targets():
+    tgt = tiny_lm(1, layers=1, name="tiny")
+    with pytest.raises(DrafterUnavailable, match="only for the bundled target"):
+        make("eagle", tgt)
+
+
+def test_training_windows_and_unrolling_match_drafting(one_thread):
+    """A window's inputs are (f_{t-1}, x_t) and its targets f_t; the last unrolled pass computes, at window
+    position j, what drafting computes at depth j along the same tokens."""
+    tgt = tiny_lm(2, layers=1)
+    head = _random_head(tgt, 2)
+    seq = [1, 2, 3, 4, 5, 6, 7, 8]
+    _, hs = tgt.forward(torch.tensor(seq), tgt.new_cache(), hidden=True)            # [n, H]
+    row = (seq, 3, torch.zeros(len(seq) - 1, 1, dtype=torch.int32), torch.zeros(len(seq) - 1, 1))
+    Hc, tok, drow, starts = examples([row], [hs], 3)
+    assert starts.tolist() == [2, 3, 4] and drow[:7].tolist() == list(range(7)) and drow[7] == -1
+    W = 3
+    g = starts[:1, None] + torch.arange(W)                                            # t0 = 2
+    pos, see = torch.arange(W)[None], torch.ones(W, W, dtype=torch.bool).tril()[None]
+    with torch.no_grad():
+        last = unrolled(head, Hc[g - 1], tgt.model.get_input_embeddings().weight[tok[g]], pos, see, W)[-1]
+    d = Eagle(tgt, head, manifest={}, depth=W, topk=1, nodes=W)
+    f, past, feats = Hc[1][None], None, []
+    for j in range(W):                                  # drafting's chain along seq[2], seq[3], seq[4]
+        see_j = torch.ones(1, j + 1, dtype=torch.bool)
+        f, _, kv = d._step(f, torch.tensor([seq[2 + j]]), torch.tensor([j]), see_j, past)
+        past = kv if past is None else (torch.cat([past[0], kv[0]], 1), torch.cat([past[1], kv[1]], 1))
+        feats.append(f[0])
+    torch.testing.assert_close(last[0], torch.stack(feats), atol=1e-5, rtol=1e-5)
+
+
+def test_shipped_weights_match_manifest():
+    man = json.loads(MANIFEST.read_text())
+    blob = WEIGHTS.read_bytes()
+    assert len(blob) <= 12_000_000 and hashlib.sha256(blob).hexdigest() == man["sha256"]
+    for key in ("command", "seed", "data", "steps", "final_loss", "acceptance", "tree", "draft_cost", "versions"):
+        assert key in man, key
+    assert man["command"].startswith("python -m specdec_core train eagle")
+    data_s = sum(p["generate_seconds"] for p in man["data"]["passes"]) + man["data"]["load_seconds"]
+    assert man["total_seconds"] < 30 * 60 and man["train_seconds"] + data_s < 30 * 60
+
+
+def test_manifest_acceptance_reproduces(one_thread):
+    """Two of the held-out prompts the manifest measured, greedy, same k, in the dtype and forward it names."""
+    man = json.loads(MANIFEST.read_text())
+    acc = man["acceptance"]
+    lm = load("bundled", dtype="bf16", device="cpu")
+    if acc["forward"] != lm.forward_name:
+        lm = attach_forward(LM(lm.model, lm.tokenizer, lm.name, lm.dtype, lm.device), acc["forward"])
+    d = make("eagle", lm)
+    for row in acc["per_prompt"][:2]:
+        _, _, m = engine.run(lm, d, lm.encode(row["prompt"]), k=acc["k"], max_new_tokens=acc["max_new_tokens"],
+                             detail=False)
+        assert m.mean_acceptance_length == pytest.approx(row["mean_acceptance_length"], rel=0.15), row["prompt"]
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_batched_greedy_equals_alone_tiny(k, one_thread):
+    """Rows with different data-dependent trees in one batch: each row's output is its output alone."""
+    from specdec_core.batch import run_batch
+    tgt = tiny_lm(0)
+    head = _random_head(tgt, 3)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 1]]
+    mk = lambda: Eagle(tgt, head, manifest={}, depth=5, topk=3, nodes=8)   # noqa: E731
+    res = run_batch(tgt, mk, prompts, k=k, max_new_tokens=16)
+    assert res.tokens == [engine.run(tgt, mk(), p, k=k, max_new_tokens=16, detail=False)[0] for p in prompts]
