@@ -26,6 +26,17 @@ EXPECTED = {
     ("vllm", "draft"): {"model", "num_speculative_tokens"},
     ("vllm", "medusa"): {"method", "model", "num_speculative_tokens"},
     ("vllm", "early-exit"): None,
+    ("vllm", "suffix"): {"method", "num_speculative_tokens"},
+    ("vllm", "eagle"): {"method", "model", "num_speculative_tokens"},
+    ("sglang", "suffix"): None,
+    ("sglang", "eagle"): {"--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
+                          "--speculative-eagle-topk", "--speculative-num-draft-tokens"},
+    ("tensorrt-llm", "suffix"): None,
+    ("tensorrt-llm", "eagle"): None,
+    ("llama.cpp", "suffix"): None,
+    ("llama.cpp", "eagle"): None,
+    ("transformers", "suffix"): None,
+    ("transformers", "eagle"): None,
     ("sglang", "lookup"): {"--speculative-algorithm", "--speculative-num-draft-tokens"},
     ("sglang", "draft"): {"--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
                           "--speculative-eagle-topk", "--speculative-num-draft-tokens"},
@@ -69,7 +80,7 @@ def test_engine_configs_match_the_expected_keys(drafter):
         assert set(e.metrics) == set(engines.METRICS)
         assert e.docs and all(u.startswith("https://") and DOMAIN[name] in u for u in e.docs)
         assert "33" in e.snippet  # max new tokens carried into every snippet
-    assert t["sglang"].speculative.get("--speculative-num-draft-tokens") == (8 if drafter == "draft" else
+    assert t["sglang"].speculative.get("--speculative-num-draft-tokens") == (8 if drafter in ("draft", "eagle") else
                                                                                7 if drafter == "lookup" else None)
     assert t["transformers"].sampling == {"do_sample": True, "max_new_tokens": 33, "temperature": 0.6, "top_p": 0.9}
     assert t["vllm"].sampling == {"temperature": 0.6, "top_p": 0.9, "seed": 11, "max_tokens": 33}

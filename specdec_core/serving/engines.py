@@ -74,6 +74,10 @@ def _vllm(s) -> EngineConfig:
         spec = {"method": "medusa", "model": "<your-medusa-heads>", "num_speculative_tokens": s.k}
         gaps.append("our Medusa tree shape (which children are tried) has no documented key in "
                     "speculative_config; heads must be exported in a format vLLM loads")
+    elif s.drafter == "eagle":
+        spec = {"method": "eagle", "model": "<your-eagle-head>", "num_speculative_tokens": s.k}
+        gaps.append("our EAGLE head would need exporting in the format vLLM's EAGLE loads; vLLM sizes its tree "
+                    "with its own settings, not our dynamic 8-node tree")
     elif s.drafter == "suffix":
         spec = {"method": "suffix", "num_speculative_tokens": s.k}
         gaps.append("vLLM's suffix decoding comes from the arctic-inference package; its tree-size and "
@@ -118,6 +122,10 @@ def _sglang(s) -> EngineConfig:
         gaps.append("early exit: no equivalent algorithm (EAGLE, EAGLE3, MTP, STANDALONE, NGRAM are offered)")
     elif s.drafter == "suffix":
         gaps.append("suffix decoding: no equivalent algorithm; NGRAM is the nearest (it sees the request only)")
+    elif s.drafter == "eagle":
+        # EAGLE's dynamic tree: k levels, the top 3 candidates expanded per level, 8 nodes verified (our tree)
+        spec = {"--speculative-algorithm": "EAGLE", "--speculative-draft-model-path": "<your-eagle-head>",
+                "--speculative-num-steps": s.k, "--speculative-eagle-topk": 3, "--speculative-num-draft-tokens": 8}
     supported = s.drafter == "none" or bool(spec)
     sampling = {"temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens}
     gaps.append(f"seed {s.seed}: not translated; check your SGLang version's sampling parameters for a per-request seed")
@@ -150,6 +158,9 @@ def _trtllm(s) -> EngineConfig:
     elif s.drafter in ("early-exit", "suffix"):
         gaps.append(f"{s.drafter}: no equivalent decoding config (Draft/Target, EAGLE 3, N-gram, MTP, Medusa are "
                     "offered)")
+    elif s.drafter == "eagle":
+        gaps.append("eagle: no equivalent for our head as it is; TensorRT-LLM's EAGLE 3 config needs an EAGLE 3 "
+                    "checkpoint")
     supported = s.drafter == "none" or bool(spec)
     sampling = {"temperature": s.temperature, "top_p": s.top_p, "seed": s.seed, "max_tokens": s.max_new_tokens}
     body = f"{cls}(" + ", ".join(f"{k}={v!r}" for k, v in spec.items()) + ")" if cls else "None"
@@ -183,7 +194,7 @@ def _llamacpp(s) -> EngineConfig:
                     "leave it at its default or set it low to compare like with like")
     elif s.drafter == "medusa":
         gaps.append("Medusa heads: no equivalent in llama-server")
-    elif s.drafter in ("early-exit", "suffix"):
+    elif s.drafter in ("early-exit", "suffix", "eagle"):
         gaps.append(f"{s.drafter}: no equivalent in llama-server")
     supported = s.drafter == "none" or bool(spec)
     sampling = {"--temp": s.temperature, "--top-p": s.top_p, "--seed": s.seed, "--n-predict": s.max_new_tokens}
@@ -210,7 +221,7 @@ def _transformers(s) -> EngineConfig:
     elif s.drafter == "draft":
         spec = {"assistant_model": _draft_path(s), "num_assistant_tokens": s.k,
                 "num_assistant_tokens_schedule": "constant"}
-    elif s.drafter in ("medusa", "suffix"):
+    elif s.drafter in ("medusa", "suffix", "eagle"):
         gaps.append(f"{s.drafter}: no equivalent in generate()")
     elif s.drafter == "early-exit":
         gaps.append("early exit: no equivalent for our trained exit layer; transformers' self-speculative mode "
@@ -235,7 +246,7 @@ def _transformers(s) -> EngineConfig:
 def translate(s) -> dict[str, EngineConfig]:
     """Settings (anything with drafter, draft_model, k, temperature, top_p, seed, max_new_tokens) ->
     {engine: EngineConfig}."""
-    if s.drafter not in ("none", "lookup", "suffix", "draft", "early-exit", "medusa"):
+    if s.drafter not in ("none", "lookup", "suffix", "draft", "early-exit", "medusa", "eagle"):
         raise ValueError(f"unknown drafter {s.drafter!r}")
     if s.drafter != "none" and int(s.k) < 1:
         raise ValueError(f"k must be at least 1 for drafter {s.drafter!r}, got {s.k}")
