@@ -236,6 +236,8 @@ def test_a_long_run_streams_and_can_be_stopped(server, browser, tmp_path):
     button(page, "generate").click()
     # steps stream in while it decodes: the live text grows before the run ends
     page.locator(".text-so-far .tok").first.wait_for(timeout=SLOW_MS)
+    # nothing stale under the live run: the "pick a prompt ... press Generate" hint is gone once the run starts
+    assert page.get_by_text("Pick a prompt and a drafter", exact=False).count() == 0
     button(page, "stop").click()
     page.get_by_text("Stopped after", exact=False).wait_for(timeout=60_000)
     settle(page)
