@@ -19,8 +19,9 @@ deterministic inference) is what this file buys, and each choice below says what
     Padding the row count to a multiple of ROWS (4) makes every row bitwise the same in both dtypes, for
     the linear layers and attention's two products alike. Biases are added after the product. On a Xeon whose
     oneDNN offers AMX, bf16 products of more than 32 rows take yet another kernel (every row differs from the
-    same row multiplied alone), so linear layers multiply at most MAX_ROWS (32) rows at a time: a long prefill
-    becomes several products, each reading the weights again, and every row is the same as in a decode step.
+    same row multiplied alone), so bf16 linear layers multiply at most MAX_ROWS (32) rows at a time: a long
+    prefill becomes several products, each reading the weights again, and every row is the same as in a decode
+    step (fp32 products are invariant without it, and stay equal to transformers' eager forward bit for bit).
   * Attention's reductions (the softmax sum, p @ v) run over a key length that depends only on the query's
     own position: keys are read in blocks of BLOCK slots, and a query at position t attends to the first
     BLOCK * (t // BLOCK + 1) slots, the rest masked. Masked slots are exact zeros after the softmax.
@@ -70,7 +71,7 @@ class Dense:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
-        if n > MAX_ROWS:   # a kernel for many rows would sum in another order: chunks of the decode kernel
+        if n > MAX_ROWS and x.dtype != torch.float32:   # bf16's many-row kernel sums in another order
             return torch.cat([self(x[i:i + MAX_ROWS]) for i in range(0, n, MAX_ROWS)])
         xp = pad_rows(x)
         if self.packed is not None:
