@@ -37,8 +37,7 @@ CSS = """
 .tok-target    { background:#eceff1; border-color:#90a4ae; color:#263238; }
 .tok-draft     { background:#f3e5f5; border:2px dashed #7b1fa2; color:#4a148c; }
 .tok-unchecked { background:#f5f5f5; border:2px dashed #bdbdbd; color:#9e9e9e; text-decoration:line-through; }
-.tok-template  { background:#f5f5f5; border:1px solid #cfd8dc; color:#90a4ae; font-size:0.8rem;
-                 font-style:italic; }
+.tok-template  { font-size:0.8rem; font-style:italic; opacity:0.7; }   /* keeps its verdict's colours */
 .tok-context   { color:#78909c; font-family:ui-monospace,Menlo,Consolas,monospace; white-space:pre-wrap; }
 .strip { padding:10px 12px; border:1px solid #e0e0e0; border-radius:10px; background:#fafafa;
          line-height:2.0; }
@@ -94,13 +93,14 @@ def chip_body(piece: str) -> str:
 
 
 def chip(piece: str, cls: str, title: str = "", extra: str = "", token: int | None = None) -> str:
-    """A token chip; hover shows the raw id and text. Chat-template tokens become one muted 'template' chip."""
+    """A token chip; hover shows the raw id and text. Chat-template tokens become one muted 'template' chip that
+    keeps its verdict's class and colours."""
     raw = f"id {token} · {piece!r}" if token is not None else ""
     title = " · ".join(x for x in (title, raw) if x)
     t = f' title="{html.escape(title, quote=True)}"' if title else ""
     if is_template(piece):
         name = piece.strip().strip("<>|/") or "special"
-        return f'<span class="tok tok-template {cls}-template"{t}{extra}>template: {html.escape(name)}</span>'
+        return f'<span class="tok tok-template {cls}"{t}{extra}>template: {html.escape(name)}</span>'
     return f'<span class="tok {cls}"{t}{extra}>{chip_body(piece)}</span>'
 
 
