@@ -16,7 +16,7 @@ MODEL_DRAFTS = ("draft", "early-exit")
 TEMPS = [0.0, 0.25, 0.5, 0.6, 0.75, 1.0, 1.2, 1.25, 1.5]
 PANELS = [("acceptance_rate", "acceptance rate", ".0%"), ("mean_acceptance_length", "tokens per step", ".2f"),
           ("speedup", "speedup (×)", ".2f")]
-measure.settle(KEY, temp_workload=measure.workload_or_first("chat"), temp_prompts=3, temp_max_new=32,
+measure.settle(KEY, temp_workload=measure.workload_or_first("creative"), temp_prompts=3, temp_max_new=32,
                temp_drafting="sample")
 
 st.title("Temperature: does speculation survive hot sampling?")
@@ -31,9 +31,11 @@ s = sidebar.current()
 c1, c2 = st.columns([3, 2])
 with c1:
     names = measure.pick_drafters("temp_drafters", ("medusa",),
-                                  help="Medusa's trained heads show the effect best on chat (measured: acceptance "
-                                       "0.23 at T = 0, 0.06 at T = 1.2); prompt lookup copies text, so its guesses "
-                                       "are kept with probability p(x) alone. Plain decoding is always measured too.")
+                                  help="Medusa's trained heads show the effect best (measured on the first 3 "
+                                       "creative-writing prompts, 32 tokens: acceptance 0.30 (95%: 0.21–0.40) at "
+                                       "T = 0, 0.24 at 0.6, 0.13 (0.09–0.17) at T = 1.2); prompt lookup copies text, "
+                                       "so its guesses are kept with probability p(x) alone. Plain decoding is "
+                                       "always measured too.")
     temps = measure.pick_values("Temperatures", "temp_values", TEMPS, [0.0, 0.6, 1.2], fmt=lambda t: f"{t:g}",
                                 help="Each temperature is one point per drafter.")
 with c2:

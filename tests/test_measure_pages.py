@@ -63,7 +63,7 @@ def test_each_measure_page_renders_and_waits_for_its_button():
         if page == "workloads":                             # each workload with its own drafter by default
             assert at.toggle(key="wl_own").value and "extraction → `lookup`" in text(at)
         elif page == "temperature":                        # the drafter that shows the effect best
-            assert at.multiselect[0].value == ["medusa"] and at.selectbox(key="temp_workload").value == "chat"
+            assert at.multiselect[0].value == ["medusa"] and at.selectbox(key="temp_workload").value == "creative"
         else:
             assert at.multiselect[0].value == ["lookup"]   # default drafter
         assert not at.get("plotly_chart")                   # nothing measured until asked
