@@ -26,9 +26,10 @@ s = sidebar.current()
 c1, c2 = st.columns([3, 2])
 with c1:
     own = st.toggle("Each workload with the drafter that shows its effect best", key="wl_own",
-                    help="Code: Medusa's tree; JSON: the early exit; extraction and batch serving: prompt lookup; "
-                         "chat and creative writing: the distilled draft model (a model draft shows what hot "
-                         "sampling does to acceptance). Off: every workload with the drafters you pick.")
+                    help="Code and JSON: the distilled draft model (the fastest there, measured); extraction and "
+                         "batch serving: prompt lookup; chat and creative writing: EAGLE (the most tokens per step "
+                         "on fresh chat and creative prompts; a model draft shows what hot sampling does to "
+                         "acceptance). Off: every workload with the drafters you pick.")
     names = measure.pick_drafters("wl_drafters") if not own else []
     which = st.multiselect("Workloads", list(WORKLOADS), key="wl_which",
                            format_func=lambda n: WORKLOADS[n].label)
