@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from specdec_core import ModelError, load
 from specdec_core.drafters import NAMES
+from tests.test_app import set_controls
 from tests.test_models import save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,19 +152,7 @@ def page_text(at: AppTest) -> str:
 def attempt(at: AppTest, **controls):
     """Set the controls as a visitor would, press Generate: (the page's error message or None, the new run
     or None). Never a traceback, never the generic message."""
-    if "drafter" in controls:  # first: it enables the draft model field and k
-        at.selectbox(key="drafter").set_value(controls.pop("drafter")).run()
-    for key, val in controls.items():
-        if key == "prompt":
-            at.text_area(key="prompt").input(val)
-        elif key == "draft_model":
-            at.text_input(key=key).input(val)
-        elif key in ("max_new_tokens", "seed"):
-            at.number_input(key=key).set_value(val)
-        else:
-            at.slider(key=key).set_value(val)
-    at.run()
-    assert not at.exception, at.exception
+    set_controls(at, **controls)
     before = at.session_state["run"] if "run" in at.session_state else None
     at.button(key="generate").click().run()
     assert not at.exception, at.exception
