@@ -63,6 +63,14 @@ def ratios(spec_tps: list[float], base_tps: list[float]) -> dict:
             "repeats": len(pairs), "tokens_per_s": spec_tps[i], "baseline_tokens_per_s": base_tps[i]}
 
 
+def rounds(sp: SamplingParams, repeats: int | None, order: list) -> Iterator[tuple[int, SamplingParams, list]]:
+    """(r, sampling, order) for each repeat: the runs of a pair back to back, the order flipped every other
+    repeat (A B, B A, ...) so neither side always runs on a warmer machine; at T > 0 repeat r samples with
+    seed + r."""
+    for r in range(repeats or REPEATS):
+        yield r, (sp if sp.greedy else replace(sp, seed=sp.seed + r)), (order if r % 2 == 0 else order[::-1])
+
+
 @dataclass
 class Paired:
     """The runs of one point: base[r][i] and spec[name][r][i] for repeat r and prompt i, each pair back to back.
@@ -76,19 +84,17 @@ class Paired:
 def side_by_side(tgt: LM, prompts: list[list[int]], sp: SamplingParams, k: int | None, max_new: int,
                  specs: list[tuple[str, object]], tick: Tick = None, repeats: int | None = None,
                  k_policy: str = "fixed") -> Paired:
-    """Each repeat, each prompt: plain decoding and each drafter (name, draft model or None) back to back, the
-    order flipped every other repeat (A B, B A, ...) so neither side always runs on a warmer machine."""
+    """Each repeat, each prompt: plain decoding and each drafter (name, draft model or None) back to back, in the
+    order rounds() gives."""
     none = make("none", tgt)
     base, spec = [], {n: [] for n, _ in specs}
     repeats = repeats or REPEATS
-    for r in range(repeats):
-        spr = sp if sp.greedy else replace(sp, seed=sp.seed + r)
+    for r, spr, order in rounds(sp, repeats, [("none", None)] + list(specs)):
         base.append([])
         for n in spec:
             spec[n].append([])
         for i, ids in enumerate(prompts):
-            order = [("none", None)] + list(specs)
-            for n, lm in (order if r % 2 == 0 else order[::-1]):
+            for n, lm in order:
                 dr = none if n == "none" else make(n, tgt, lm)
                 out = run(tgt, dr, ids, sp=spr, k=None if n == "none" else k, max_new_tokens=max_new, detail=False,
                           k_policy="fixed" if n == "none" else k_policy)
@@ -165,11 +171,8 @@ def batch_point(tgt: LM, rows: list[list[int]], sp: SamplingParams, k: int | Non
                 "row_steps": sum(s.active for s in res.steps), "target_forwards": res.steps[-1].target_forwards,
                 "ids": res.tokens}
     got = {n: [] for n in ["none"] + [n for n, _ in specs]}
-    repeats = repeats or REPEATS
-    for r in range(repeats):
-        spr = sp if sp.greedy else replace(sp, seed=sp.seed + r)
-        order = [("none", None)] + list(specs)
-        for n, lm in (order if r % 2 == 0 else order[::-1]):
+    for _, spr, order in rounds(sp, repeats, [("none", None)] + list(specs)):
+        for n, lm in order:
             got[n].append(one(n, lm, spr))
     out = {}
     b = got["none"][0]
@@ -243,7 +246,6 @@ def per_prompt(target: LM, drafters: dict, prompts: list, sp: SamplingParams, k:
     runs back to back, `repeats` times in alternating order, and the speedup by the measuring rule (ratios());
     with `hf`, transformers' generate and its prompt lookup beside them. First calls pay one-off costs
     (allocator, kernels), so every drafter decodes a short warm-up before anything is timed."""
-    repeats = repeats or REPEATS
     warm = target.encode("Hello")
     for dr in drafters.values():
         run(target, dr, warm, sp=sp, max_new_tokens=8)
@@ -252,8 +254,7 @@ def per_prompt(target: LM, drafters: dict, prompts: list, sp: SamplingParams, k:
     for i, ids in enumerate(progress(prompts)):
         head = meta[i] if meta else {}
         got = {n: [] for n in drafters} | ({"hf-generate": [], "hf-prompt-lookup": []} if hf else {})
-        for r in range(repeats):
-            order = list(got) if r % 2 == 0 else list(got)[::-1]
+        for _, _, order in rounds(sp, repeats, list(got)):   # one seed throughout: each row is one prompt's
             for name in order:
                 if name in drafters:
                     toks, recs, m = run(target, drafters[name], ids, sp=sp, k=k, max_new_tokens=max_new, detail=False,

@@ -13,6 +13,7 @@ import torch
 
 from ..models import LM, check_compatible
 from ..sampling import probs, sample
+from ..verify import one_hot
 from . import DraftContext, Drafter, Proposal
 
 
@@ -67,7 +68,7 @@ class CachedDraft(Drafter):
                 break
             x = int(q.argmax()) if greedy else int(sample(q, ctx.gen))
             if greedy and not ctx.sp.greedy:   # the guess came from a point mass: that is the q to verify against
-                q = torch.zeros_like(q).scatter_(-1, torch.tensor([x], device=q.device), 1.0)
+                q = one_hot(torch.tensor([x], device=q.device), q.shape[-1])[0]
             out.append(x)
             qs.append(q)
             if i < ctx.k - 1:
