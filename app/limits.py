@@ -65,34 +65,28 @@ def refusal(spec: str) -> str | None:
             "then restart the app.")
 
 
+def _setting(env: str, key: str, cast, lo, hi, default, what: str):
+    """A numeric operator setting in [lo, hi]; unset gives `default`, a bad value a clear error naming it."""
+    v = _raw(env, key)
+    if v is None:
+        return default
+    try:
+        x = cast(str(v).strip())
+    except ValueError:
+        x = None
+    if x is None or not lo <= x <= hi:
+        raise ValueError(f"the setting {env} (or {key} in secrets.toml) must be {what} in [{lo}, {hi}], got {v!r}")
+    return x
+
+
 def max_new_tokens() -> int:
     """The most new tokens one run may ask for; a bad setting is a clear error naming it."""
-    v = _raw(ENV_TOKENS, "max_new_tokens")
-    if v is None:
-        return DEFAULT_TOKENS
-    try:
-        n = int(str(v).strip())
-    except ValueError:
-        n = 0
-    if not 1 <= n <= MAX_NEW_TOKENS:
-        raise ValueError(f"the setting {ENV_TOKENS} (or max_new_tokens in secrets.toml) must be a whole number in "
-                         f"[1, {MAX_NEW_TOKENS}], got {v!r}")
-    return n
+    return _setting(ENV_TOKENS, "max_new_tokens", int, 1, MAX_NEW_TOKENS, DEFAULT_TOKENS, "a whole number")
 
 
 def turn_s() -> float:
     """Seconds of model work a run may do before it lets the next one in (0 = after every step)."""
-    v = _raw(ENV_TURN, "turn_s")
-    if v is None:
-        return DEFAULT_TURN_S
-    try:
-        x = float(str(v).strip())
-    except ValueError:
-        x = -1.0
-    if not 0 <= x <= 60:
-        raise ValueError(f"the setting {ENV_TURN} (or turn_s in secrets.toml) must be a number of seconds in "
-                         f"[0, 60], got {v!r}")
-    return x
+    return _setting(ENV_TURN, "turn_s", float, 0, 60, DEFAULT_TURN_S, "a number of seconds")
 
 
 SET_CAP = f"The person running the server sets the limit with `{ENV_TOKENS}` or `max_new_tokens` in " \
