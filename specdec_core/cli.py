@@ -1,11 +1,12 @@
-"""Command line: generate, bench, bench-forward, sweep, check, train. `python -m specdec_core --help`.
+"""Command line: generate, bench, bench-forward, profile, sweep, check, train. `python -m specdec_core --help`.
 
 generate prints the text (or, with --json, one JSON object as the last stdout line); bench decodes every prompt
 of a JSONL file with the baseline and each drafter side by side in one process and reports speedups (with
 --peer llama.cpp, llama.cpp plain and with its prompt lookup beside our engine, on the same model file);
 check runs the production checklist against live OpenAI-compatible servers;
-bench-forward times our forward against transformers' (per forward, and greedy tokens/s); sweep moves one of
-temperature, batch size or k; train trains a draft source for the bundled target.
+bench-forward times our forward against transformers' (per forward, and greedy tokens/s); profile splits each
+drafter's step time into its phases and sets Leviathan et al.'s predicted speedup beside the measured one; sweep
+moves one of temperature, batch size or k; train trains a draft source for the bundled target.
 """
 from __future__ import annotations
 
@@ -70,7 +71,9 @@ def parser() -> argparse.ArgumentParser:
     _common(g)
     b = sub.add_parser("bench", help="baseline vs drafters on a prompt file, side by side")
     b.add_argument("--prompts", required=True, nargs="+", help="JSONL files, one {\"prompt\": ...} per line")
-    b.add_argument("--drafter", action="append", default=None, help="repeatable (required without --peer)")
+    b.add_argument("--drafter", action="append", default=None,
+                   help="repeatable (required without --peer); with --peer, each drafter but lookup also runs on "
+                        "our engine, at its own default k, beside llama.cpp's plain decoding")
     b.add_argument("--hf", action="store_true",
                    help="also time transformers' generate, plain and with its prompt lookup (k=10)")
     b.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
@@ -79,6 +82,15 @@ def parser() -> argparse.ArgumentParser:
                         "same k, interleaved with our plain and lookup runs, same threads")
     _repeats(b)
     _common(b)
+    p = sub.add_parser("profile", help="per drafter: ms per step in each phase, the draft's cost c, the verify "
+                                       "pass's cost, and predicted beside measured speedups")
+    p.add_argument("--prompts", required=True, nargs="+", help="JSONL files, one {\"prompt\": ...} per line")
+    p.add_argument("--drafter", action="append", required=True,
+                   help=f"repeatable, one of {', '.join(NAMES)}; plain decoding (none) is always measured as the "
+                        f"reference")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    _repeats(p)
+    _common(p)
     s = sub.add_parser("sweep", help="acceptance and speedup against temperature, batch size or k")
     s.add_argument("axis", choices=["temperature", "batch", "k"])
     s.add_argument("--prompts", required=True, help="JSONL, one {\"prompt\": ...} per line")
@@ -166,6 +178,26 @@ def _read_prompt(args) -> str:
     return text
 
 
+def _prompt_rows(paths: list[str], limit: int | None) -> list[dict]:
+    """The rows of every --prompts file, in order, cut to --limit; a missing file or a bad limit is one line."""
+    from pathlib import Path
+    from .bench.workloads import load_jsonl
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be at least 1, got {limit}")
+    for f in paths:
+        if Path(f).is_dir():
+            raise InputError(f"--prompts {f!r} is a directory, not a JSONL file")
+        if not Path(f).exists():
+            raise InputError(f"--prompts {f!r} does not exist")
+    return [r for f in paths for r in load_jsonl(f)][:limit]
+
+
+def _check_drafters(names: list[str]) -> None:
+    for d in names:
+        if d not in NAMES:
+            raise DrafterUnavailable(f"unknown drafter {d!r}; choose from {', '.join(NAMES)}")
+
+
 def _check_early(args) -> SamplingParams:
     """Everything that can be checked without a model, checked before the ~15 s load."""
     from .engine import check_run_args
@@ -211,12 +243,9 @@ def cmd_bench(args) -> int:
     import pandas as pd
     from tqdm import tqdm
     from .bench.sweeps import per_prompt
-    from .bench.workloads import load_jsonl
-    rows_in = [r for f in args.prompts for r in load_jsonl(f)][:args.limit]
+    rows_in = _prompt_rows(args.prompts, args.limit)
     sp = _check_early(args)
-    for d in args.drafter:
-        if d not in NAMES:
-            raise DrafterUnavailable(f"unknown drafter {d!r}; choose from {', '.join(NAMES)}")
+    _check_drafters(args.drafter)
     target, draft_lm = _models(args)
     drafters = {"none": make("none", target)} | {d: make(d, target, draft_lm) for d in args.drafter if d != "none"}
     rows = rows_in
@@ -254,19 +283,17 @@ def cmd_bench(args) -> int:
 
 
 def cmd_bench_peer(args) -> int:
-    """Our engine and llama.cpp on the same GGUF, same prompt ids, greedy, plain and prompt lookup at one k."""
+    """Our engine and llama.cpp on the same GGUF, same prompt ids, greedy, plain and prompt lookup at one k; each
+    other --drafter joins on our engine only, beside llama.cpp's plain decoding."""
     from tqdm import tqdm
-    from .bench.workloads import load_jsonl
     from .drafters.lookup import PromptLookup
     from .serving import peer
-    rows = [r for f in args.prompts for r in load_jsonl(f)][:args.limit]
+    rows = _prompt_rows(args.prompts, args.limit)
     _check_early(args)
     if args.temperature != 0:
         raise InputError("--peer compares greedy decoding (is each engine's speculative text its own plain "
                          "text?): leave --temperature at 0")
-    if args.drafter and set(args.drafter) != {"lookup"}:
-        raise InputError("--peer compares prompt lookup with llama.cpp's prompt lookup: --drafter must be lookup "
-                         "(or left out)")
+    _check_drafters(args.drafter or [])
     if args.model != BUNDLED or args.forward != "ours" or args.hf or args.raw:
         raise InputError("--peer runs the bundled GGUF through our forward and the chat template; leave out "
                          "--model, --forward hf, --hf and --raw")
@@ -278,30 +305,77 @@ def cmd_bench_peer(args) -> int:
         raise PeerMissing(why)
     import torch
     args.threads = args.threads or torch.get_num_threads()
-    target, _ = _models(args)
+    target, draft_lm = _models(args)
+    # our plain and lookup runs are the comparison itself; any other drafter joins it, on our engine only
+    extra = {d: make(d, target, draft_lm) for d in dict.fromkeys(args.drafter or []) if d not in ("none", "lookup")}
     prompts = [target.encode(r["prompt"]).tolist() for r in rows]
     meta = [{"id": r["id"], "category": r.get("category", "")} for r in rows]
     repeats = args.repeats or REPEATS
-    bar = tqdm(total=4 * repeats * len(prompts), desc="bench --peer llama.cpp", file=sys.stderr)
-    pr = peer.measure(target, prompts, k, args.max_new_tokens, args.threads, repeats, lambda _: bar.update())
+    bar = tqdm(total=(4 + len(extra)) * repeats * len(prompts), desc="bench --peer llama.cpp", file=sys.stderr)
+    pr = peer.measure(target, prompts, k, args.max_new_tokens, args.threads, repeats, lambda _: bar.update(), extra)
     bar.close()
     if args.json:
         for r in peer.rows(pr, meta):
             print(json.dumps(r), flush=True)
-    summ = peer.summary(pr)
+    summ, summ_extra = peer.summary(pr), peer.extra_summary(pr)
     dest = sys.stderr if args.json else sys.stdout
     print(f"\nsame model file (SmolLM2-135M-Instruct Q4_1 GGUF), same prompt ids (chat template), greedy, "
           f"k = {k} for both prompt lookups, {args.threads} thread(s) each, up to {args.max_new_tokens} new tokens, "
           f"{len(prompts)} prompt(s) from {' '.join(args.prompts)}, {repeats} back-to-back repeats (order "
           f"alternating); llama.cpp = llama-cpp-python {pr.peer_version}", file=dest)
     print(peer.table_text(summ), file=dest)
+    if summ_extra:
+        print(f"\nour engine with other drafters (each at its own default k), in the same rounds, beside "
+              f"llama.cpp's plain decoding:\n{peer.extra_table_text(summ_extra)}", file=dest)
     print("caveat: llama.cpp computes with the file's 4-bit blocks, we with the weights de-quantized to "
           f"{pr.dtype}: the engines' texts differ from each other; each speculative text is compared with its "
           "own engine's plain text", file=dest)
     if args.json:
-        for s_ in summ:
+        for s_ in summ + summ_extra:
             print(json.dumps({"summary": True, **s_}), flush=True)
     return 0
+
+
+def cmd_profile(args) -> int:
+    """Where each drafter's step time goes (bench/profile.py), plain decoding beside it as the reference."""
+    from tqdm import tqdm
+    from .bench import profile as prof
+    rows = _prompt_rows(args.prompts, args.limit)
+    sp = _check_early(args)
+    _check_drafters(args.drafter)
+    target, draft_lm = _models(args)
+    drafters = {d: make(d, target, draft_lm) for d in dict.fromkeys(["none"] + args.drafter)}
+    prompts = [target.encode(r["prompt"], raw=args.raw) for r in rows]
+    repeats = args.repeats or REPEATS
+    bar = tqdm(total=repeats * len(prompts) * len(drafters), desc="profile", file=sys.stderr)
+    out = prof.profile(target, drafters, prompts, sp, args.k, args.max_new_tokens, repeats, args.k_policy,
+                       lambda _: bar.update())
+    bar.close()
+    if args.json:
+        info = {"model": _model_info(target), "sampling": sp.to_dict(), "max_new_tokens": args.max_new_tokens,
+                "prompts": len(prompts), "threads": _threads()}
+        for r in out:
+            print(json.dumps({**r, **info}), flush=True)
+        return 0
+    import pandas as pd
+    print(f"\nmodel {target.name} ({str(target.dtype).removeprefix('torch.')}, {target.device}, "
+          f"{target.forward_name} forward, {_threads()} thread(s)); temperature {sp.temperature}; max new tokens "
+          f"{args.max_new_tokens}; {len(prompts)} prompt(s) from {' '.join(args.prompts)}; {repeats} repeat(s)")
+    with pd.option_context("display.width", 250, "display.max_columns", None):
+        print(prof.table(out).round(3).to_string())
+    print("ms per step (every step but each run's first): draft, score (the target forward), verify, commit "
+          "(and feedback), bookkeeping (the rest of the step's wall time); c = draft ms per drafted position / "
+          "plain decoding's median score ms; score_x = the median score pass over that one-token step, which "
+          "scored a chain of scored_tokens (k + 1) or a tree of that many nodes; predicted_speedup = Leviathan "
+          "et al. (2023): (1 - alpha^(k+1)) / ((1 - alpha)(c k + 1)); cost_model_speedup = tokens_per_step x "
+          "plain step_ms / step_ms; speedup = measured tokens/s over plain's, the median of paired repeats "
+          "(min-max beside it)")
+    return 0
+
+
+def _threads() -> int:
+    import torch
+    return torch.get_num_threads()
 
 
 def _check_prompts(path: str, limit: int | None) -> list[str]:
@@ -449,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "check": cmd_check,
-                "bench-forward": cmd_bench_forward}[args.cmd](args)
+                "bench-forward": cmd_bench_forward, "profile": cmd_profile}[args.cmd](args)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

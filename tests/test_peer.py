@@ -370,3 +370,59 @@ def test_the_production_page_compares_with_llama_cpp_on_the_sidebar_prompt():
     assert all(x["threads"] == threads and x["tokens_per_s"] > 0 for x in summ)
     assert summ[0]["spec_equals_plain"]
     assert any("4-bit" in c.value for c in at.caption)
+
+
+# ---- bench --peer llama.cpp --drafter D: the plumbing, with llama.cpp stood in for ----
+
+def test_bench_peer_with_an_extra_drafter_adds_our_engine_beside_llama_cpp_plain(tmp_path, capsys, monkeypatch):
+    """`--drafter suffix` adds our engine with that drafter to the same rounds: its tokens/s over llama.cpp's
+    plain decoding (paired by repeat) and whether its text is our plain text. llama.cpp is a stub that decodes
+    n tokens in n x 10 ms (plain) or n x 5 ms (its lookup), and the tiny target stands in for the bundled one,
+    so this runs without llama_cpp installed."""
+    import torch
+    from specdec_core import cli
+    from specdec_core.drafters import make
+    from tests.tiny import AnyTok, tiny_lm
+    target = tiny_lm(0, forward="ours", tok=AnyTok())
+    opened, decoded = [], []
+    monkeypatch.setattr(cli, "load", lambda *a, **k: target)
+    monkeypatch.setattr(peer, "unavailable", lambda: None)
+    monkeypatch.setattr(peer, "version", lambda: "stub")
+    monkeypatch.setattr(peer, "open_llama", lambda threads, k=0, n_ctx=512: opened.append((threads, k)) or k)
+
+    def llama_decode(llm, ids, max_new, eos):   # llm is the k it was opened with
+        decoded.append((llm, list(ids)))
+        return list(range(max_new)), max_new * (0.005 if llm else 0.010), 0.001
+    monkeypatch.setattr(peer, "llama_decode", llama_decode)
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"id": "rep", "prompt": "abcabcabcdabcabc"}\n')
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["bench", "--peer", "llama.cpp", "--prompts", str(p), "--drafter", "suffix", "--drafter",
+                   "lookup", "--max-new-tokens", "12", "--threads", "1", "--repeats", "2", "--k", "3", "--json"])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    cap = capsys.readouterr()
+    lines = [json.loads(x) for x in cap.out.splitlines() if x.startswith("{")]
+    summ = {x["engine"]: x for x in lines if x.get("summary")}
+    per_prompt = [x for x in lines if not x.get("summary")]
+    assert list(summ) == ["ours", "llama.cpp", "ours + suffix"]          # lookup is the comparison itself
+    assert [x["engine"] for x in per_prompt] == ["ours", "llama.cpp", "ours + suffix"]
+    assert sorted(opened) == [(1, 0), (1, 3)]                             # llama.cpp plain and its lookup at k
+    assert len(decoded) == 2 * (1 + 2)                                    # a warm-up, then 2 repeats, per llama
+    ex = summ["ours + suffix"]
+    assert ex["drafter"] == "suffix" and ex["k"] == make("suffix", target).default_k and ex["threads"] == 1
+    assert ex["peer_plain_tokens_per_s"] == pytest.approx(100.0)          # 12 tokens in 120 ms
+    assert ex["speedup_vs_peer_plain"] == pytest.approx(ex["tokens_per_s"] / 100.0)
+    assert ex["baseline_tokens_per_s"] == pytest.approx(ex["tokens_per_s"] / ex["speedup"])   # over our plain
+    assert ex["spec_equals_plain"] and ex["identical_prompts"] == 1 and ex["tokens_spec"] == 12
+    assert summ["ours"]["spec_equals_plain"] and summ["llama.cpp"]["speedup"] == pytest.approx(2.0)
+    assert "ours + suffix" in cap.err and "beside llama.cpp's plain decoding" in cap.err   # the table, on stderr
+
+
+def test_bench_peer_refuses_an_unknown_extra_drafter_before_any_work(tmp_path, capsys):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt": "hi"}\n')
+    assert main(["bench", "--peer", "llama.cpp", "--prompts", str(p), "--drafter", "eagel"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown drafter 'eagel'; choose from none, lookup")

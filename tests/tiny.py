@@ -44,6 +44,13 @@ class TinyTok:
         return len(self.pieces)
 
 
+class AnyTok(TinyTok):
+    """A TinyTok that reads any text: every character is some token (ord mod vocab), so code that encodes its
+    own text (a CLI's prompts, a warm-up "Hello") runs on a tiny model."""
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [ord(c) % len(self.pieces) for c in text]}
+
+
 def tiny_lm(seed: int, vocab: int = V, layers: int = 2, eos: int | None = None, head_std: float = 0.3,
             tok: TinyTok | None = None, device: str = "cpu", name: str | None = None, forward: str = "hf") -> LM:
     """A randomly initialised fp32 Llama, with weights large enough that p depends on the context

@@ -9,6 +9,10 @@ For every repeat and prompt the four runs go back to back in this process, the o
 repeat, and each engine's speedup over its own plain decoding follows the project's one measuring rule
 (bench.sweeps.ratios). Thread count: the same for both (torch.set_num_threads and llama.cpp's n_threads).
 
+With extra drafters (`bench --peer llama.cpp --drafter eagle`), our engine also decodes with each of them, at its
+own default k, in the same back-to-back rounds: its tokens/s beside llama.cpp's plain decoding (and ours), and
+whether its text is our plain text.
+
 What differs, and the report says so: llama.cpp computes with the file's 4-bit (Q4_1) blocks, we run the same
 weights de-quantized to bf16 (or fp32), so the two engines' texts are not expected to match each other; each
 engine's speculative text is compared with its own plain text.
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..bench.sweeps import REPEATS, ratios
-from ..drafters import make
+from ..drafters import Drafter, make
 from ..engine import run
 from ..models import LM, bundled_gguf
 from ..sampling import SamplingParams
@@ -119,11 +123,14 @@ class PeerRun:
     texts: Callable[[list[int]], str]
     runs: dict = field(default_factory=dict)
     prompt_ids: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)   # our extra drafters: name -> its k; runs[("ours", name)]
 
 
 def measure(target: LM, prompts: list[list[int]], k: int, max_new: int, threads: int,
-            repeats: int | None = None, tick: Callable[[str], None] | None = None) -> PeerRun:
-    """Both engines, plain and with prompt lookup, back to back per prompt and repeat (order alternating)."""
+            repeats: int | None = None, tick: Callable[[str], None] | None = None,
+            drafters: dict[str, Drafter] | None = None) -> PeerRun:
+    """Both engines, plain and with prompt lookup, back to back per prompt and repeat (order alternating);
+    `drafters` (name -> drafter) adds our engine with each, at its own default k, to the same rounds."""
     import torch
     why = unavailable()
     if why:
@@ -136,20 +143,22 @@ def measure(target: LM, prompts: list[list[int]], k: int, max_new: int, threads:
     n_ctx = context_size(max(len(p) for p in prompts) + max_new)
     ll_plain, ll_spec = open_llama(threads, 0, n_ctx), open_llama(threads, k, n_ctx)
 
+    extra = {n: d for n, d in (drafters or {}).items() if n not in ("none", "lookup")}   # those two run anyway
+
     def one(engine: str, mode: str, ids: list[int], n: int) -> Timed:
         if engine == "ours":
-            out, _, m = run(target, plain if mode == "plain" else lookup, ids, sp=sp,
-                            k=0 if mode == "plain" else k, max_new_tokens=n, detail=False)
+            dr, kk = {"plain": (plain, 0), "spec": (lookup, k)}.get(mode) or (extra[mode], None)
+            out, _, m = run(target, dr, ids, sp=sp, k=kk, max_new_tokens=n, detail=False)
             return Timed(out, m.total_s, m.ttft_s)
         return Timed(*llama_decode(ll_plain if mode == "plain" else ll_spec, ids, n, eos))
 
-    variants = [(e, m) for e in ENGINES for m in ("plain", "spec")]
+    variants = [(e, m) for e in ENGINES for m in ("plain", "spec")] + [("ours", n) for n in extra]
     warm = target.encode("Hello").tolist()
     for e, m in variants:   # one-off costs (allocator, kernels, thread pools) before anything is timed
         one(e, m, warm, 8)
     pr = PeerRun(k, threads, max_new, str(target.dtype).removeprefix("torch."), version(),
                  lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True),
-                 {v: [] for v in variants}, [list(p) for p in prompts])
+                 {v: [] for v in variants}, [list(p) for p in prompts], {n: d.default_k for n, d in extra.items()})
     for r in range(repeats):
         for v in variants:
             pr.runs[v].append([None] * len(prompts))
@@ -181,7 +190,31 @@ def rows(pr: PeerRun, meta: list[dict] | None = None) -> list[dict]:
                         **ratios([x.tokens_per_s for x in sp], [x.tokens_per_s for x in pl]),
                         "ttft_ms_plain": 1e3 * pl[0].ttft, "ttft_ms_spec": 1e3 * sp[0].ttft,
                         **_diff(pr, pl[0].ids, sp[0].ids), "same_output_every_repeat": steady})
+        for name in pr.extra:
+            pl = [rep[i] for rep in pr.runs[("ours", "plain")]]
+            peer_pl = [rep[i] for rep in pr.runs[(PEER, "plain")]]
+            ex = [rep[i] for rep in pr.runs[("ours", name)]]
+            out.append({**(meta[i] if meta else {"prompt": i + 1}), **_extra(pr, name, pl, peer_pl, ex,
+                                                                             lambda x: x.tokens_per_s),
+                        **_diff(pr, pl[0].ids, ex[0].ids),
+                        "same_output_every_repeat": all(x.ids == ex[0].ids for x in ex)})
     return out
+
+
+def extra_engine(name: str) -> str:
+    """The engine label of our engine with an extra drafter."""
+    return f"ours + {name}"
+
+
+def _extra(pr: PeerRun, name: str, ours_plain: list, peer_plain: list, spec: list, tps: Callable) -> dict:
+    """Our engine with drafter `name` (one entry per repeat): tokens/s by the measuring rule over our plain
+    decoding, and its paired ratio over llama.cpp's plain decoding in the same repeats."""
+    over_peer = ratios([tps(x) for x in spec], [tps(x) for x in peer_plain])
+    return {"engine": extra_engine(name), "drafter": name, "k": pr.extra[name], "threads": pr.threads,
+            **ratios([tps(x) for x in spec], [tps(x) for x in ours_plain]),
+            "peer_plain_tokens_per_s": over_peer["baseline_tokens_per_s"],
+            "speedup_vs_peer_plain": over_peer["speedup"], "speedup_vs_peer_plain_min": over_peer["speedup_min"],
+            "speedup_vs_peer_plain_max": over_peer["speedup_max"]}
 
 
 def summary(pr: PeerRun) -> list[dict]:
@@ -205,17 +238,54 @@ def summary(pr: PeerRun) -> list[dict]:
     return out
 
 
-def table_text(summ: list[dict]) -> str:
-    """The summary as a plain-text table for the command line."""
-    head = ["engine", "weights", "plain tok/s", "lookup tok/s", "speedup (min-max)", "spec text = plain text"]
-    lines = []
-    for s in summ:
-        same = (f"yes, {s['identical_prompts']}/{s['prompts']} prompts" if s["spec_equals_plain"] else
-                f"no, {s['identical_prompts']}/{s['prompts']} identical; first differences (prompt, token, "
-                f"character; from 1): " + ", ".join(f"({p}, {t + 1}, {c + 1})" for p, t, c in s["first_diffs"]))
-        lines.append([s["engine"], s["weights"], f"{s['baseline_tokens_per_s']:.1f}", f"{s['tokens_per_s']:.1f}",
-                      f"{s['speedup']:.2f}x ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})"
-                      + (" noisy: rerun" if s["noisy"] else ""), same])
+def extra_summary(pr: PeerRun) -> list[dict]:
+    """One row per extra drafter over all prompts: our engine's tokens/s with it, paired by repeat with our
+    plain decoding and with llama.cpp's plain decoding (the measuring rule), and whether its text is our plain
+    text on every prompt."""
+    tps = lambda rep: sum(len(x.ids) for x in rep) / sum(x.seconds for x in rep)
+    out = []
+    for name in pr.extra:
+        pl, ex = pr.runs[("ours", "plain")], pr.runs[("ours", name)]
+        diffs = [_diff(pr, a.ids, b.ids) for a, b in zip(pl[0], ex[0])]
+        ident = sum(d["identical"] for d in diffs)
+        out.append({**_extra(pr, name, pl, pr.runs[(PEER, "plain")], ex, tps), "prompts": len(pl[0]),
+                    "tokens_plain": sum(len(x.ids) for x in pl[0]), "tokens_spec": sum(len(x.ids) for x in ex[0]),
+                    "identical_prompts": ident, "spec_equals_plain": ident == len(diffs),
+                    "first_diffs": [(i + 1, d["first_diff_token"], d["first_diff_char"])
+                                    for i, d in enumerate(diffs) if not d["identical"]]})
+    return out
+
+
+def _same_text(s: dict) -> str:
+    return (f"yes, {s['identical_prompts']}/{s['prompts']} prompts" if s["spec_equals_plain"] else
+            f"no, {s['identical_prompts']}/{s['prompts']} identical; first differences (prompt, token, "
+            f"character; from 1): " + ", ".join(f"({p}, {t + 1}, {c + 1})" for p, t, c in s["first_diffs"]))
+
+
+def _columns(head: list[str], lines: list[list[str]]) -> str:
+    """Left-aligned columns; the last one (free text) unpadded."""
     w = [max(len(str(r[j])) for r in [head] + lines) for j in range(len(head) - 1)]
     fmt = lambda r: "  ".join(str(c).ljust(w[j]) for j, c in enumerate(r[:-1])) + "  " + r[-1]
     return "\n".join([fmt(head)] + [fmt(r) for r in lines])
+
+
+def extra_table_text(extra: list[dict]) -> str:
+    """The extra drafters' summary as a plain-text table: our engine with each drafter beside llama.cpp's plain
+    decoding and ours."""
+    head = ["engine", "k", "tok/s", "llama.cpp plain tok/s", "vs llama.cpp plain (min-max)",
+            "vs our plain (min-max)", "text = our plain text"]
+    lines = [[s["engine"], str(s["k"]), f"{s['tokens_per_s']:.1f}", f"{s['peer_plain_tokens_per_s']:.1f}",
+              f"{s['speedup_vs_peer_plain']:.2f}x ({s['speedup_vs_peer_plain_min']:.2f}-"
+              f"{s['speedup_vs_peer_plain_max']:.2f})",
+              f"{s['speedup']:.2f}x ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})"
+              + (" noisy: rerun" if s["noisy"] else ""), _same_text(s)] for s in extra]
+    return _columns(head, lines)
+
+
+def table_text(summ: list[dict]) -> str:
+    """The summary as a plain-text table for the command line."""
+    head = ["engine", "weights", "plain tok/s", "lookup tok/s", "speedup (min-max)", "spec text = plain text"]
+    lines = [[s["engine"], s["weights"], f"{s['baseline_tokens_per_s']:.1f}", f"{s['tokens_per_s']:.1f}",
+              f"{s['speedup']:.2f}x ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})"
+              + (" noisy: rerun" if s["noisy"] else ""), _same_text(s)] for s in summ]
+    return _columns(head, lines)
