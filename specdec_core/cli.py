@@ -361,15 +361,17 @@ def cmd_profile(args) -> int:
     print(f"\nmodel {target.name} ({str(target.dtype).removeprefix('torch.')}, {target.device}, "
           f"{target.forward_name} forward, {_threads()} thread(s)); temperature {sp.temperature}; max new tokens "
           f"{args.max_new_tokens}; {len(prompts)} prompt(s) from {' '.join(args.prompts)}; {repeats} repeat(s)")
-    with pd.option_context("display.width", 250, "display.max_columns", None):
-        print(prof.table(out).round(3).to_string())
-    print("ms per step (every step but each run's first): draft, score (the target forward), verify, commit "
-          "(and feedback), bookkeeping (the rest of the step's wall time); c = draft ms per drafted position / "
-          "plain decoding's median score ms; score_x = the median score pass over that one-token step, which "
-          "scored a chain of scored_tokens (k + 1) or a tree of that many nodes; predicted_speedup = Leviathan "
-          "et al. (2023): (1 - alpha^(k+1)) / ((1 - alpha)(c k + 1)); cost_model_speedup = tokens_per_step x "
-          "plain step_ms / step_ms; speedup = measured tokens/s over plain's, the median of paired repeats "
-          "(min-max beside it)")
+    cost, speed = prof.tables(out)
+    with pd.option_context("display.width", 200, "display.max_columns", None):
+        print("\nwhere a step's time goes: ms per step (every step but each run's first) in each phase; c = draft "
+              "ms per drafted position / a one-token target step (plain decoding's median score ms); score_x = the "
+              "median score pass over that step, which scored a chain of `tokens` (k + 1) or a tree of that many "
+              "nodes")
+        print(cost.round(3).to_string())
+        print("\nspeedups: Leviathan et al. (2023) (1 - alpha^(k+1)) / ((1 - alpha)(c k + 1)) with alpha = "
+              "accepted / judged guesses; cost model = tokens/step x plain step ms / step ms; measured = tokens/s "
+              "over plain decoding's, the median of paired repeats (min-max)")
+        print(speed.round(3).to_string())
     return 0
 
 

@@ -69,9 +69,10 @@ def phase_ms(steps: list[tuple[StepRecord, float]]) -> dict:
     return out
 
 
-def row(name: str, k: int, runs: list[tuple], base_runs: list[tuple], plain_ms: float, plain_step_ms: float,
-        timing: dict, same: bool | None) -> dict:
-    """One drafter's profile from its runs (ids, records, metrics) and plain decoding's."""
+def row(name: str, k: int, runs: list[tuple], plain_ms: float, plain_step_ms: float, timing: dict,
+        same: bool | None) -> dict:
+    """One drafter's profile from its runs (ids, records, metrics), against plain decoding's median score ms
+    (`plain_ms`, the one-token target step) and mean step ms; `timing`: the measured speedup (sweeps.ratios)."""
     recs = [rr for _, rr, _ in runs]
     every = [r for rr in recs for r in rr]
     st = steady(recs)
@@ -94,7 +95,7 @@ def row(name: str, k: int, runs: list[tuple], base_runs: list[tuple], plain_ms: 
             "scored_tokens": statistics.fmean(scored(r)[1] for r, _ in spec) if spec else 1.0,
             **ph, "score_median_ms": score_ms, "plain_score_ms": plain_ms,
             "c": c, "score_x": score_ms / plain_ms if plain_ms else 0.0,
-            "predicted_speedup": expected_speedup(min(alpha, 1.0), k, c),
+            "predicted_speedup": expected_speedup(alpha, k, c),
             "cost_model_speedup": tps * plain_step_ms / ph["step_ms"] if ph["step_ms"] else 0.0,
             **timing, "same_tokens_as_baseline": same}
 
@@ -139,18 +140,22 @@ def profile(target: LM, drafters: dict[str, Drafter], prompts: list, sp: Samplin
     for n, d in drafters.items():
         kk = 0 if n == "none" else (d.default_k if k is None else k)
         same = all(a[0] == b[0] for a, b in zip(base, flat(n))) if sp.greedy else None
-        out.append(row(n, kk, flat(n), base, plain_ms, plain_step_ms, ratios([tps(rep) for rep in got[n]], base_tps),
-                       same))
+        out.append(row(n, kk, flat(n), plain_ms, plain_step_ms, ratios([tps(rep) for rep in got[n]], base_tps), same))
     return out
 
 
-COLUMNS = ["drafter", "k", "tokens_per_step", "alpha", "draft_ms", "score_ms", "verify_ms", "commit_ms",
-           "bookkeeping_ms", "step_ms", "c", "scored", "scored_tokens", "score_x", "predicted_speedup",
-           "cost_model_speedup", "speedup", "speedup_min", "speedup_max", "tokens_per_s", "baseline_tokens_per_s"]
+COST = {"k": "k", "draft_ms": "draft", "score_ms": "score", "verify_ms": "verify", "commit_ms": "commit",
+        "bookkeeping_ms": "bookkeeping", "step_ms": "step", "c": "c", "scored": "scored", "scored_tokens": "tokens",
+        "score_x": "score_x"}
+SPEEDUP = {"alpha": "alpha", "tokens_per_step": "tokens/step", "predicted_speedup": "Leviathan",
+           "cost_model_speedup": "cost model", "speedup": "measured", "speedup_min": "min", "speedup_max": "max",
+           "tokens_per_s": "tok/s", "baseline_tokens_per_s": "plain tok/s"}
 
 
-def table(rows: list[dict], columns: list[str] = COLUMNS) -> "pandas.DataFrame":
-    """The rows as a table for the command line (pandas), one drafter a line."""
+def tables(rows: list[dict]) -> tuple["pandas.DataFrame", "pandas.DataFrame"]:
+    """The rows as two tables for the command line, one drafter a line: where a step's time goes (ms per step,
+    c, the score pass), and the speedups side by side (predicted by Leviathan et al., by the cost model,
+    measured)."""
     import pandas as pd
-    return pd.DataFrame(rows)[columns].set_index("drafter")
-
+    df = pd.DataFrame(rows).set_index("drafter")
+    return df[list(COST)].rename(columns=COST), df[list(SPEEDUP)].rename(columns=SPEEDUP)
