@@ -14,6 +14,10 @@ any device, the CPU included; only the capture itself needs CUDA.
 
 The price: one graph per key-length bucket S (each holding its own memory pool), and a cache whose capacity is
 fixed up front (a graph holds the cache's addresses).
+
+It calls Forward's own pieces (its norm, RoPE and table, the padded attention), private to forward.py, rather than
+copies of them: bitwise equality needs the same ops, and a copy could drift. Were this to ship, those pieces
+belong in forward.py's public surface (or StaticStep in forward.py itself).
 """
 from __future__ import annotations
 
