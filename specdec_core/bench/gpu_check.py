@@ -91,7 +91,7 @@ class Settings:
     @classmethod
     def cpu(cls) -> "Settings":
         """Cheap timings on the CPU (a few cores; the whole CPU run within a few minutes)."""
-        return cls(qs=(1, 2, 4, 8, 16), reps=3, new_tokens=24)
+        return cls(qs=(1, 2, 4, 8, 16), reps=7, new_tokens=24)
 
 
 # ---------------------------------------------------------------- models
