@@ -7,7 +7,7 @@ PORT    ?= 8501
 JOBS    ?= auto
 STAMP   := $(VENV)/.setup-stamp
 
-.PHONY: setup run test load-test bench demo peers clean
+.PHONY: setup run test load-test bench demo peers gpu-check clean
 
 setup: $(STAMP)
 
@@ -61,6 +61,15 @@ bench: setup
 
 demo: setup
 	$(BIN)/python -m specdec_core generate --drafter lookup --prompt "Repeat exactly: the quick brown fox jumps over the lazy dog."
+
+# The prepared GPU check (docs/gpu-check.md): forward vs transformers, bitwise invariance, greedy equality, timings,
+# CUDA graphs and a batch sweep. Needs only torch and transformers (no setup, no network), so it also runs on a bare
+# GPU machine; on the CPU it checks what it can and marks the CUDA parts skipped. Results: runs/gpu-check/.
+# GPU_CHECK_ARGS="--device cuda" skips the CPU half on a GPU machine; "--quick" is the test suite's tiny run.
+GPU_PY         := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_PY) -m specdec_core.bench.gpu_check --out runs/gpu-check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV)
