@@ -40,6 +40,7 @@ The price: a little padding, a gather for tree nodes, and attention over up to B
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -201,6 +202,13 @@ class Forward:
         self.inv_freq, self.rope_scale = inv_freq.float(), float(rope_scale)
         self.dtype, self.device = embed.dtype, embed.device
         self._cos = self._sin = torch.empty(0, head_dim, device=self.device)
+        self._scale = torch.tensor([head_dim ** -0.5] * n_heads + [1.0] * n_kv, device=self.device)[:, None]
+        # every product packed (the CPU): the one-row chain runs in _span_layers; its weights, layer by layer
+        self._w = None
+        if all(d.packed is not None for b in blocks for d in (b.qkv, b.o, b.gu, b.down)):
+            self._w = ([b.ln1 for b in blocks], [b.qkv.packed for b in blocks], [b.qkv.b for b in blocks],
+                       [b.o.packed for b in blocks], [b.o.b for b in blocks], [b.ln2 for b in blocks],
+                       [b.gu.packed for b in blocks], [b.down.packed for b in blocks])
 
     @classmethod
     def from_model(cls, model, head: torch.Tensor | None = None, vocab=None, pack: bool = True) -> "Forward":
@@ -330,6 +338,25 @@ class Forward:
                 out[idx] = o.transpose(0, 1).reshape(n, Hq, D)
         return out.view(N, Hq * D)
 
+    def _layers(self, x, N, cos, sin, scale, cache, groups, whole, one, rows_t, slots, r0, s0) -> torch.Tensor:
+        """The decoder layers, op by op: any rows, trees, batches (_span_layers is the one-row chain case)."""
+        Np, (Hq, Hkv, D) = x.shape[0], (self.n_heads, self.n_kv, self.head_dim)
+        for l, b in enumerate(self.blocks):
+            qkv = b.qkv(self._rms(x, b.ln1))                                              # [Np, (Hq+2Hkv) D]
+            qk = self._rope(qkv[:, :(Hq + Hkv) * D].float().view(Np, Hq + Hkv, D), cos, sin) * scale
+            q, k, v = qk[:, :Hq], qk[:N, Hq:], qkv[:N, (Hq + Hkv) * D:].view(N, Hkv, D)
+            if one:
+                cache.k[l][r0, :, s0:s0 + N] = k.transpose(0, 1)
+                cache.v[l][r0, :, s0:s0 + N] = v.transpose(0, 1)
+            else:
+                cache.k[l][rows_t, :, slots] = k.to(cache.dtype)
+                cache.v[l][rows_t, :, slots] = v.to(cache.dtype)
+            a = self._attend(q, N, l, cache, groups, whole).to(self.dtype)
+            x = x + b.o(a)
+            g, u = b.gu(self._rms(x, b.ln2)).chunk(2, -1)                                # [Np, I] each
+            x = x + b.down(F.silu(g) * u)
+        return x
+
     # -- the forward
 
     @torch.inference_mode()
@@ -359,22 +386,16 @@ class Forward:
             pos = torch.cat([pos, pos[:1].expand(Np - N)])
         cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]                       # [Np, 1, D]
         Hq, Hkv, D = self.n_heads, self.n_kv, self.head_dim
-        scale = torch.tensor([D ** -0.5] * Hq + [1.0] * Hkv, device=dev)[:, None]        # q pre-scaled, k not
+        scale = self._scale                                                               # q pre-scaled, k not
         x = self.embed[ids]                                                               # [Np, H]
-        for l, b in enumerate(self.blocks):
-            qkv = b.qkv(self._rms(x, b.ln1))                                              # [Np, (Hq+2Hkv) D]
-            qk = self._rope(qkv[:, :(Hq + Hkv) * D].float().view(Np, Hq + Hkv, D), cos, sin) * scale
-            q, k, v = qk[:, :Hq], qk[:N, Hq:], qkv[:N, (Hq + Hkv) * D:].view(N, Hkv, D)
-            if one:
-                cache.k[l][r0, :, s0:s0 + N] = k.transpose(0, 1)
-                cache.v[l][r0, :, s0:s0 + N] = v.transpose(0, 1)
-            else:
-                cache.k[l][rows_t, :, slots] = k.to(cache.dtype)
-                cache.v[l][rows_t, :, slots] = v.to(cache.dtype)
-            a = self._attend(q, N, l, cache, groups, whole).to(self.dtype)
-            x = x + b.o(a)
-            g, u = b.gu(self._rms(x, b.ln2)).chunk(2, -1)                                # [Np, I] each
-            x = x + b.down(F.silu(g) * u)
+        if self._w is not None and one and all(g[6] is not None for g in groups):
+            # one row, consecutive slots (a decode step, a chain verify, a prefill, a draft model's step): the
+            # same ops in the same order, run by TorchScript's interpreter instead of Python (_span_layers)
+            x = _span_layers(x, cos, sin, scale, [g[5] for g in groups], [g[6][1] for g in groups],
+                             [g[6][2] for g in groups], [g[1] for g in groups], *self._w, cache.k, cache.v,
+                             r0, s0, N, Hq, Hkv, D, self.eps, MAX_ROWS)
+        else:
+            x = self._layers(x, N, cos, sin, scale, cache, groups, whole, one, rows_t, slots, r0, s0)
         h = self._rms(x[:N], self.norm) if self.norm is not None else x[:N]
         hs = h if out_rows is None else h[out_rows.to(dev)]
         logits = self.head(hs).float()
@@ -405,3 +426,62 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see: torch.Ten
     R = q.shape[-2]
     s = pad_rows(q) @ k.transpose(-1, -2)                                                 # [.., R', S]
     return (torch.softmax(s.masked_fill_(~see, float("-inf")), -1) @ v)[..., :R, :]
+
+
+@torch.jit.script
+def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], max_rows: int) -> torch.Tensor:
+    """Dense.__call__ for a packed weight and rows already padded to a multiple of ROWS, op for op."""
+    n = x.shape[0]
+    if n > max_rows and x.dtype != torch.float32:
+        y = torch.cat([torch.ops.mkldnn._linear_pointwise(x[i:i + max_rows], w, None, "none", [], "")
+                       for i in range(0, n, max_rows)])
+    else:
+        y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    return y if b is None else y + b
+
+
+@torch.jit.script
+def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: torch.Tensor,
+                 sees: List[torch.Tensor], starts: List[int], counts: List[int], key_lens: List[int],
+                 ln1: List[torch.Tensor], qkv_w: List[torch.Tensor], qkv_b: List[Optional[torch.Tensor]],
+                 o_w: List[torch.Tensor], o_b: List[Optional[torch.Tensor]], ln2: List[torch.Tensor],
+                 gu_w: List[torch.Tensor], down_w: List[torch.Tensor], ks: List[torch.Tensor],
+                 vs: List[torch.Tensor], row: int, s0: int, N: int, Hq: int, Hkv: int, D: int, eps: float,
+                 max_rows: int) -> torch.Tensor:
+    """Forward._layers for one row whose N tokens take consecutive slots from s0 (slot == position), each
+    attention group a span of queries [start, start + count) over key_lens slots: the same ops in the same
+    order (so the same bits), with no Python between them. x [Np, H] embedded, padded to a multiple of ROWS."""
+    Np = x.shape[0]
+    G, h = Hq // Hkv, D // 2
+    for l in range(len(ln1)):
+        xf = x.float()
+        y = ln1[l] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        qkv = _dense(y, qkv_w[l], qkv_b[l], max_rows)                                  # [Np, (Hq+2Hkv) D]
+        qk = qkv[:, :(Hq + Hkv) * D].float().view(Np, Hq + Hkv, D)
+        qk = (qk * cos + torch.cat([qk[..., h:], qk[..., :h]], -1) * sin) * scale
+        ks[l][row, :, s0:s0 + N] = qk[:N, Hq:].transpose(0, 1)
+        vs[l][row, :, s0:s0 + N] = qkv[:N, (Hq + Hkv) * D:].view(N, Hkv, D).transpose(0, 1)
+        out = torch.zeros(0)
+        if len(starts) > 1 or N != Np:
+            out = qk.new_zeros(Np, Hq, D)
+        for j in range(len(starts)):
+            a, n, S = starts[j], counts[j], key_lens[j]
+            k, v = ks[l][row, :, :S].float(), vs[l][row, :, :S].float()                 # [Hkv, S, D]
+            q = qk[a:a + n, :Hq].view(n, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G * n, D)
+            R = G * n
+            if R % 4:   # ROWS
+                q = torch.cat([q, q.new_zeros(1, Hkv, 4 - R % 4, D)], -2)
+            s = q @ k[None].transpose(-1, -2)                                            # [1, Hkv, R', S]
+            o = (torch.softmax(s.masked_fill_(~sees[j], float("-inf")), -1) @ v[None])[:, :, :R]
+            o = o.view(Hkv, G, n, D).permute(2, 0, 1, 3).reshape(n, Hq, D)
+            if out.dim() == 1:
+                out = o
+            else:
+                out[a:a + n] = o
+        att = out.reshape(Np, Hq * D).to(x.dtype)
+        x = x + _dense(att, o_w[l], o_b[l], max_rows)
+        xf = x.float()
+        y = ln2[l] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        gu = _dense(y, gu_w[l], None, max_rows).chunk(2, -1)                            # [Np, I] each
+        x = x + _dense(torch.nn.functional.silu(gu[0]) * gu[1], down_w[l], None, max_rows)
+    return x

@@ -209,3 +209,24 @@ def test_batched_greedy_equals_plain_for_every_drafter(bundled, batch, name):
     res = run_batch(bundled, lambda: make_drafter(name, bundled), prompts, max_new_tokens=24)
     alone = [run(bundled, make_drafter("none", bundled), p, max_new_tokens=24, detail=False)[0] for p in prompts]
     assert res.tokens == alone
+
+
+def test_the_scripted_one_row_loop_is_the_op_by_op_loop(either):
+    """A one-row chain (prefill past MAX_ROWS, a chunk crossing a key block, decode steps) runs in the scripted
+    loop (_span_layers); the same calls through the op-by-op loop give the same logits and cache, bit for bit."""
+    lm = either
+    f, scripted = lm.fwd, lm.fwd._w
+    assert scripted is not None   # packed products on the CPU: the scripted loop is the one that runs
+    ids = lm.encode(TEXT * 3).tolist()
+    runs = []
+    try:
+        for w in (scripted, None):
+            f._w, c = w, lm.new_cache()
+            out = [lm.forward(torch.tensor(ids[:70]), c), lm.forward(torch.tensor(ids[70:100]), c)]
+            out += [lm.forward(torch.tensor([t]), c) for t in ids[100:104]]
+            runs.append((out, [t[:, :, :104].clone() for t in c.k + c.v]))
+    finally:
+        f._w = scripted
+    (a, ca), (b, cb) = runs
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(ca, cb))
