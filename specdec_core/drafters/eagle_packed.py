@@ -5,7 +5,7 @@ few times per step on at most `topk` rows, where every fp32, re-laid-out product
 rebuild costs more than the arithmetic: measured on a 2-core CPU, the module path took 1.5x a one-token step
 of the target it drafts for. This is the same network for inference only:
 
-  * every weight is a `forward.Dense`, packed once for oneDNN, in the target's dtype (bf16 on a CPU that has
+  * every weight is a `forward.Dense`, packed once for oneDNN (rows unpadded: packed.py), in the target's dtype (bf16 on a CPU that has
     it), with the products fused where one matmul can do two (q|k|v and gate|up, as forward.Block does);
     the draft-vocabulary LM head too. The residual stream, norms, RoPE and attention stay in fp32.
   * attention runs over a k/v scratch preallocated per proposal (each level appends its rows, no concat),
@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..forward import Dense
+from .packed import mm
 
 
 class Scratch:
@@ -84,8 +85,8 @@ class PackedHead:
         if pos >= self.cos.shape[0]:
             self._table(2 * pos)
         e = self.embed[tok.to(self.device)]                                                # [m, H]
-        x = self.fc_b + _mm(self.fc, torch.cat([f.to(dt), e], -1))                         # [m, H] fp32 residual
-        qkv = _mm(self.qkv, self._rms(x, self.ln1).to(dt))                                 # [m, (Hq+2Hkv) D]
+        x = self.fc_b + mm(self.fc, torch.cat([f.to(dt), e], -1))                          # [m, H] fp32 residual
+        qkv = mm(self.qkv, self._rms(x, self.ln1).to(dt))                                  # [m, (Hq+2Hkv) D]
         qk = qkv[:, :(Hq + Hkv) * D].view(m, Hq + Hkv, D)
         qk = qk * self.cos[pos] + qk.roll(D // 2, -1) * self.sin[pos]                      # fp32, roped, q scaled
         kv.k[:, R0:R] = qk[:, Hq:].transpose(0, 1)
@@ -97,21 +98,14 @@ class PackedHead:
         s.view(Hkv, m, G, R).add_(bias[:, None])
         a = torch.softmax(s, -1) @ kv.v[:, :R]                                             # [Hkv, m G, D]
         a = a.view(Hkv, m, G * D).transpose(0, 1).reshape(m, Hq * D)                       # heads in q's order
-        x += _mm(self.o, a.to(dt))
-        g, u = _mm(self.gu, self._rms(x, self.ln2).to(dt)).chunk(2, -1)                    # [m, I] each
-        x += _mm(self.down, F.silu(g) * u)
+        x += mm(self.o, a.to(dt))
+        g, u = mm(self.gu, self._rms(x, self.ln2).to(dt)).chunk(2, -1)                     # [m, I] each
+        x += mm(self.down, F.silu(g) * u)
         h = self._rms(x, self.norm)                                                        # [m, H] fp32
-        return h, _mm(self.lm, h.to(dt))                                                   # [m, v] model dtype
+        return h, mm(self.lm, h.to(dt))                                                    # [m, v] model dtype
 
     @staticmethod
     def bias(see: torch.Tensor) -> torch.Tensor:
         """A bool attention mask (True: attends) -> the additive fp32 bias __call__ takes."""
         return torch.zeros(see.shape, device=see.device).masked_fill_(~see, float("-inf"))
 
-
-def _mm(d: Dense, x: torch.Tensor) -> torch.Tensor:
-    """x [m, in] @ W^T with Dense's packed weight but without its row padding: padding buys batch invariance,
-    which a draft does not need (verification is exact whatever it proposes), and costs two ops a product."""
-    if d.packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, d.packed, None, "none", [], "")
-    return F.linear(x, d.w)
