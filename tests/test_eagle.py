@@ -13,8 +13,10 @@ import torch
 from specdec_core import SamplingParams, engine, load
 from specdec_core.drafters import DraftContext, DrafterUnavailable, make
 from specdec_core.drafters.eagle import MANIFEST, WEIGHTS, Eagle, Head
+from specdec_core.drafters.eagle_packed import PackedHead
 from specdec_core.models import LM, attach_forward
 from specdec_core.training.eagle import examples, unrolled
+from tests.eagle_ref import ModuleStep
 from tests.gof import ALPHA, gof
 from tests.tiny import V, exact_joint, tiny_lm
 
@@ -46,14 +48,59 @@ def test_tree_is_prefix_closed_ranked_and_within_k(one_thread):
         assert 1 <= tree.max_depth <= min(k, 4) and tree.size - 1 == len(prop.tokens) <= 10
         assert all(len(p) == 1 or p[:-1] in tree.paths for p in tree.paths)
         # depth 1 holds the root step's best tokens, in rank order
-        f, logp, _ = d._step(h[-1].float()[None], torch.tensor([prompt[-1]]), torch.zeros(1, dtype=torch.long),
-                             torch.ones(1, 1, dtype=torch.bool), None)
-        best = torch.topk(logp[0], 3).indices.tolist()
+        _, logits = d.fast(h[-1][None], torch.tensor([prompt[-1]]), 0, torch.zeros(1, 1),
+                           d.fast.scratch(1))
+        best = torch.topk(logits[0], 3).indices.tolist()
         first = [int(prop.tokens[i]) for i, p in enumerate(tree.paths) if len(p) == 1]
         assert first == [best[p[0]] for p in tree.paths if len(p) == 1]
     d.begin(prompt)
     d.observe(h[-1], len(prompt) - 2)                  # a stale hidden state: nothing to propose
     assert len(d.propose(_ctx(prompt, 3)).tokens) == 0
+
+
+def test_packed_head_computes_the_module(one_thread):
+    """The packed inference head is the trained module's network: on a tree-shaped call (a root, then three
+    rows attending to different branches), fp32 features and logits agree with Head.forward to ~1e-5."""
+    tgt = tiny_lm(1, layers=1)
+    d = Eagle(tgt, _random_head(tgt, 4), manifest={}, depth=3, topk=3, nodes=8)
+    assert d.fast.dtype == torch.float32 and d.fast.qkv.w.shape[0] == d.head.q.out_features + 2 * d.head.k.out_features
+    ref = ModuleStep(d)
+    torch.manual_seed(0)
+    f0, f1 = torch.randn(1, 32), torch.randn(3, 32)
+    see = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)  # a branch
+    bias = PackedHead.bias(see)
+    with torch.inference_mode():
+        outs = []
+        for step in (d.fast, ref):
+            kv = step.scratch(4)
+            a = step(f0, torch.tensor([5]), 0, bias[:1, :1], kv)
+            b = step(f1, torch.tensor([1, 2, 3]), 1, bias[1:], kv)
+            outs.append((a, b))
+    for (fa, la), (fb, lb) in zip(*outs):
+        torch.testing.assert_close(fa, fb, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(la.float(), lb, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_drafting_proposes_the_module_trees(one_thread):
+    """Same dynamic trees, same tokens, fp32: drafting through the packed head or through Head.forward."""
+    tgt = tiny_lm(2, layers=1)
+    head = _random_head(tgt, 5)
+    fast = Eagle(tgt, head, manifest={}, depth=4, topk=3, nodes=10)
+    slow = Eagle(tgt, head, manifest={}, depth=4, topk=3, nodes=10)
+    slow.fast = ModuleStep(slow)
+    seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]
+    _, hs = tgt.forward(torch.tensor(seq), tgt.new_cache(), hidden=True)
+    shapes = set()
+    for t in range(2, len(seq)):                       # context seq[:t + 1], its pending token seq[t]
+        props = []
+        for d in (fast, slow):
+            d.begin(seq[:2])
+            d.observe(hs[t - 1], t)
+            props.append(d.propose(_ctx(seq[:t + 1], 4)))
+        a, b = props
+        assert a.tree.paths == b.tree.paths and a.tokens.tolist() == b.tokens.tolist(), t
+        shapes.add(a.tree.paths)
+    assert len(shapes) > 1                             # the trees are data-dependent, not one fixed shape
 
 
 def test_sampled_eagle_trees_have_the_target_law(one_thread):
@@ -114,11 +161,9 @@ def test_training_windows_and_unrolling_match_drafting(one_thread):
     with torch.no_grad():
         last = unrolled(head, Hc[g - 1], tgt.model.get_input_embeddings().weight[tok[g]], pos, see, W)[-1]
     d = Eagle(tgt, head, manifest={}, depth=W, topk=1, nodes=W)
-    f, past, feats = Hc[1][None], None, []
+    f, kv, feats = Hc[1][None], d.fast.scratch(W), []
     for j in range(W):                                  # drafting's chain along seq[2], seq[3], seq[4]
-        see_j = torch.ones(1, j + 1, dtype=torch.bool)
-        f, _, kv = d._step(f, torch.tensor([seq[2 + j]]), torch.tensor([j]), see_j, past)
-        past = kv if past is None else (torch.cat([past[0], kv[0]], 1), torch.cat([past[1], kv[1]], 1))
+        f, _ = d.fast(f, torch.tensor([seq[2 + j]]), j, torch.zeros(1, j + 1), kv)
         feats.append(f[0])
     torch.testing.assert_close(last[0], torch.stack(feats), atol=1e-5, rtol=1e-5)
 

@@ -345,6 +345,24 @@ def test_heads_rank_only_their_draft_vocabulary():
     assert torch.equal(top, torch.topk(masked, 3, -1).indices)
 
 
+def test_packed_heads_rank_as_the_module():
+    """Drafting's packed heads (one stacked product for all heads, the LM head packed) rank what `ranked`
+    ranks on the training module (fp32: the same tokens in the same order)."""
+    from specdec_core.drafters.medusa import PackedHeads, head_weight, ranked
+    from specdec_core.drafters.vocab import DraftVocab
+    torch.manual_seed(1)
+    lm_head = torch.nn.Linear(64, 300, bias=False)
+    heads = Heads(64, 3, DraftVocab(torch.arange(0, 300, 3), 300))
+    with torch.no_grad():
+        heads.w.normal_(0, 0.2)
+        heads.b.normal_()
+    w = head_weight(heads, lm_head).detach()
+    for h in torch.randn(6, 64):
+        want = ranked(heads, w, h[None], 4)[:, 0]                                     # [3, 4]
+        assert torch.equal(PackedHeads(heads, w, 3, torch.float32)(h, 4), want)
+        assert torch.equal(PackedHeads(heads, w, 2, torch.float32)(h, 4), want[:2])   # the first n heads only
+
+
 shipped = pytest.mark.skipif(not WEIGHTS.exists(), reason="no shipped Medusa weights")
 
 

@@ -22,6 +22,10 @@ the path is accepted) into their `topk` most likely children; after `depth` leve
 probability never exceeds its parent's. Candidates are each parent's top-ranked tokens, so they are
 deterministic and verify_tree.py's exact rule applies unchanged: the output law is the target's. Training:
 `python -m specdec_core train eagle`.
+
+`Head` is the module training unrolls; drafting runs a packed copy of its weights (eagle_packed.py: the
+target forward's packed products in the target's dtype, one call per tree level over all of its rows), and
+builds each level's attention masks and frontier with a few tensor ops, Python only for the tree bookkeeping.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from torch import nn
 
 from ..tree import compile_tree
 from . import DraftContext, Drafter, DrafterUnavailable, Proposal
+from .eagle_packed import PackedHead
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "eagle.safetensors"
@@ -163,10 +168,12 @@ class Eagle(Drafter):
         self.nodes = int(nodes or tree.get("nodes", 12))
         self.default_k = self.depth
         self.target, self.manifest = target, manifest
-        self.head = head.to(target.device)
-        self.embed = target.model.get_input_embeddings()
-        self.head_w = head_weight(head, target.model.get_output_embeddings()).float()   # [v, H]
+        self.head = head.to(target.device)          # the trained module; drafting runs its packed copy
+        lm_w = head_weight(head, target.model.get_output_embeddings())                  # [v, H]
+        self.fast = PackedHead(self.head, target.model.get_input_embeddings().weight, lm_w, target.dtype,
+                               max_pos=self.depth + 1)
         self.ids = head.vocab.ids.to(target.device) if head.vocab is not None else None
+        self._trees: dict[tuple, object] = {}    # compiled tree per shape (rank paths)
         self.h, self.h_len = None, -1
 
     def begin(self, prompt: list[int]) -> None:
@@ -175,62 +182,43 @@ class Eagle(Drafter):
     def observe(self, h: torch.Tensor, n: int) -> None:
         self.h, self.h_len = h, n
 
-    def _step(self, f, tok, pos, see, past):
-        """One level: features f [m, H] and tokens tok [m] -> (features [m, H], log-probs [m, v], (k, v))."""
-        e = self.embed(tok.to(self.embed.weight.device)).float()
-        out, kv = self.head(f[None], e[None], pos[None], see[None], past)
-        logp = torch.log_softmax(F.linear(out[0], self.head_w), -1)
-        return out[0], logp, kv
-
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> Proposal:
         # the root (the pending token) must be the one drawn from self.h: exactly one token after it
         if self.h is None or len(ctx.tokens) != self.h_len + 1 or ctx.k < 1:
             return Proposal.empty()
         depth, K = min(ctx.k, self.depth), self.topk
-        dev = self.head_w.device
+        n = 1 + K * (depth - 1)                # rows the head runs: the root, then K per level but the last
+        kv, dev = self.fast.scratch(n), self.fast.device
+        # bias[r]: 0 on run row r's branch (itself included), -inf elsewhere: its attention mask
+        bias = torch.full((n, n), float("-inf"), device=dev)
+        bias[0, 0] = 0.0
         # every node drafted: parent index (-1 = root), rank among its parent's candidates, token, cum. log-prob
         parent, rank, tok, score = [], [], [], []
-        run_of: dict[int, int] = {-1: 0}      # drafted node -> its row among the nodes the head has run
-        anc = [[0]]                           # per run row: the run rows of its branch, itself last
-        f, logp, past_kv = self._step(self.h.float()[None].to(dev), torch.tensor([ctx.tokens[-1]]),
-                                   torch.zeros(1, dtype=torch.long, device=dev),
-                                   torch.ones(1, 1, dtype=torch.bool, device=dev), None)
-        feats = f                                                        # [R, H] features of run rows
-        lp, ix = torch.topk(logp, K, -1)                                 # [m, K]
-        frontier = [-1]                                                  # parents of the rows just run
+        f, logits = self.fast(self.h[None], torch.tensor([ctx.tokens[-1]]), 0, bias[:1, :1], kv)
+        frontier = [-1]                        # the nodes whose rows were just run (-1: the root)
         for d in range(1, depth + 1):
-            new = []
-            for r, par in enumerate(frontier):
+            lp, ix = torch.topk(torch.log_softmax(logits, -1, dtype=torch.float32), K, -1)   # [m, K] each
+            ix = self.ids[ix] if self.ids is not None else ix                          # draft row -> token id
+            first = len(tok)                   # the new level's nodes: (row r, rank j) -> first + r K + j
+            for par, lps, ts in zip(frontier, lp.tolist(), ix.tolist()):
                 base = 0.0 if par < 0 else score[par]
-                for j in range(K):
-                    parent.append(par)
-                    rank.append(j)
-                    tok.append(int(self._tok(ix[r, j])))
-                    score.append(base + float(lp[r, j]))
-                    new.append(len(tok) - 1)
+                parent += [par] * K
+                rank += range(K)
+                tok += ts
+                score += [base + x for x in lps]
             if d == depth:
                 break
-            frontier = sorted(new, key=lambda i: -score[i])[:K]          # expand the likeliest K of this level
-            R = feats.shape[0]
-            rows = []
-            for i in frontier:
-                run_of[i] = R + len(rows)
-                rows.append(anc[run_of[parent[i]]] + [run_of[i]])
-            anc += rows
-            see = torch.zeros(len(rows), R + len(rows), dtype=torch.bool, device=dev)
-            for a, branch in enumerate(rows):
-                see[a, branch] = True
-            f, logp, kv = self._step(feats[[run_of[parent[i]] for i in frontier]],
-                                     torch.tensor([tok[i] for i in frontier]),
-                                     torch.full((len(rows),), d, dtype=torch.long, device=dev), see, past_kv)
-            feats = torch.cat([feats, f])
-            past_kv = (torch.cat([past_kv[0], kv[0]], 1), torch.cat([past_kv[1], kv[1]], 1))
-            lp, ix = torch.topk(logp, K, -1)
+            # expand the likeliest K of this level (stable: ties keep drafting order)
+            pick = sorted(range(len(tok) - first), key=lambda i: -score[first + i])[:K]
+            R0, m = kv.n, len(pick)
+            rows = torch.tensor([i // K for i in pick])                                 # rows of f (parents)
+            bias[R0:R0 + m] = bias[R0 - logits.shape[0] + rows]                        # the parents' branches
+            bias[R0:R0 + m, R0:R0 + m].diagonal().zero_()                              # and each row itself
+            frontier = [first + i for i in pick]
+            f, logits = self.fast(f[rows], torch.tensor([tok[i] for i in frontier]), d,
+                                  bias[R0:R0 + m, :R0 + m], kv)
         return self._tree(parent, rank, tok, score)
-
-    def _tok(self, i: torch.Tensor) -> int:
-        return int(self.ids[i]) if self.ids is not None else int(i)
 
     def _tree(self, parent, rank, tok, score) -> Proposal:
         """Keep the `nodes` likeliest drafted nodes (prefix-closed), as rank paths and tokens in tree order."""
@@ -243,7 +231,12 @@ class Eagle(Drafter):
                 continue
             keep.add(i)
             path[i] = (path[p] if p >= 0 else ()) + (rank[i],)
-        tree = compile_tree(list(path.values()))
+        key = tuple(sorted(path.values(), key=lambda p: (len(p), p)))
+        tree = self._trees.get(key)
+        if tree is None:                      # a step's tree shape recurs often: compile each shape once
+            if len(self._trees) >= 4096:
+                self._trees.clear()
+            tree = self._trees[key] = compile_tree(key)
         by_path = {path[i]: tok[i] for i in keep}
         nodes = torch.tensor([by_path[p] for p in tree.paths], dtype=torch.long)
         return Proposal(nodes, tree=tree, info={"nodes": len(keep), "depth": tree.max_depth,

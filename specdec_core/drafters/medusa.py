@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..forward import Dense
 from ..tree import Tree, compile_tree
 from . import DraftContext, Drafter, DrafterUnavailable, Proposal
+from .packed import mm
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "medusa.safetensors"
@@ -67,6 +69,28 @@ def ranked(heads: Heads, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tens
     x = heads(h).to(w.dtype)
     top = torch.topk(F.linear(x, w).float(), k, dim=-1).indices
     return heads.vocab.ids.to(top.device)[top] if heads.vocab is not None else top
+
+
+class PackedHeads:
+    """The first n heads for drafting: all n blocks as one packed product (they all read the same h: their
+    weights stacked [n H, H]) and the shared LM head's draft-vocabulary rows packed, both in the target's
+    dtype (forward.Dense, packed.mm). `Heads` stays the module training runs; this computes what `ranked`
+    computes on it, up to the products' rounding."""
+
+    def __init__(self, heads: Heads, w: torch.Tensor, n: int, dtype: torch.dtype):
+        H = heads.w.shape[-1]
+        self.n, self.H, self.dtype = n, H, dtype
+        self.blocks = Dense(heads.w[:n].detach().reshape(n * H, H).to(w.device, dtype).contiguous())  # [n H, H]
+        self.b = heads.b[:n].detach().to(w.device, torch.float32)                                     # [n, H]
+        self.lm = Dense(w.detach().to(dtype).contiguous())                                            # [v, H]
+        self.ids = heads.vocab.ids.to(w.device) if heads.vocab is not None else None
+
+    def __call__(self, h: torch.Tensor, k: int) -> torch.Tensor:
+        """h [H] -> [n, k] target ids: each head's k best tokens, best first."""
+        y = mm(self.blocks, h.to(self.dtype)[None]).view(self.n, self.H)                            # [n, H]
+        x = h.float() + F.silu(self.b + y)                                                          # [n, H] fp32
+        top = torch.topk(mm(self.lm, x.to(self.dtype)).float(), k, dim=-1).indices                   # [n, k]
+        return self.ids[top] if self.ids is not None else top
 
 
 def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
@@ -111,6 +135,7 @@ class Medusa(Drafter):
         self.heads = heads.to(target.device)
         self.lm_head = target.model.get_output_embeddings()
         self.head_w = head_weight(heads, self.lm_head)
+        self.fast = PackedHeads(self.heads, self.head_w, self.tree.max_depth, target.dtype)   # what drafting runs
         self.default_k = self.tree.max_depth
         self._cut: dict[int, Tree] = {}
         self.h, self.h_len = None, -1
@@ -131,6 +156,6 @@ class Medusa(Drafter):
             self._cut[ctx.k] = self.tree.pruned(ctx.k)
         tree = self._cut[ctx.k] if ctx.k < self.tree.max_depth else self.tree
         with torch.inference_mode():
-            top = ranked(self.heads, self.head_w, self.h[None], max(tree.width))[:tree.max_depth, 0].cpu()  # [D, W]
+            top = self.fast(self.h, max(tree.width))[:tree.max_depth].cpu()                             # [D, W]
         nodes = tree.tokens(ctx.tokens[-1], top)
         return Proposal(nodes[1:], tree=tree, info={"heads": tree.max_depth})

@@ -187,7 +187,8 @@ def main(argv: list[str]) -> int:
         model=dict(hidden=int(Hc.shape[1]), block="fc([f ; embed(x)]) -> one Llama decoder layer (started as "
                    "the target's last layer) -> RMSNorm -> the target's LM head (frozen, not shipped) over the "
                    "draft vocabulary", feature="the target's final-norm hidden state (the LM head's input)",
-                   params=sum(p.numel() for p in head.parameters()), dtype="bfloat16 (stored), float32 (run)"),
+                   params=sum(p.numel() for p in head.parameters()),
+                   dtype="bfloat16 (stored); drafting runs packed products in the target's dtype"),
         vocab=dict(size=len(vocab.ids), train_coverage=round(vocab.coverage([r[0] for r in rows],
                    [r[1] for r in rows]), 4), how="as the other trained drafters (training/common.py make_vocab)"),
         data=dict(desc, windows=len(starts), window=W), unroll=a.unroll, steps=done, steps_planned=a.steps,

@@ -1,0 +1,119 @@
+"""The EAGLE head for drafting: the trained `eagle.Head`'s weights in the target forward's packed products.
+
+`eagle.Head` is an nn.Module written for training (autograd, batches of windows, fp32). Drafting calls it a
+few times per step on at most `topk` rows, where every fp32, re-laid-out product and every per-call tensor
+rebuild costs more than the arithmetic: measured on a 2-core CPU, the module path took 1.3-1.5x a one-token
+step of the target it drafts for (this path: about 0.25x on the same, busy, machine). The same network for
+inference only:
+
+  * every weight is a `forward.Dense`, packed once for oneDNN (rows unpadded: packed.py), in the target's
+    dtype (bf16 on a CPU that has it), with the products fused where one matmul can do two (q|k|v and
+    gate|up, as forward.Block does); the draft-vocabulary LM head too. The residual stream, norms, RoPE and
+    attention stay in fp32.
+  * attention runs over a k/v scratch preallocated per proposal (each level appends its rows, no concat),
+    with GQA as an explicit grouping of query heads per key head (no repeat_interleave);
+  * RoPE's cos/sin, with attention's 1/sqrt(d) folded into the query rows, are one table row per depth.
+
+In fp32 it computes what Head.forward computes to about 1e-6 (tests/test_eagle.py). In bf16 the products
+round differently; verification is exact whatever the draft computes, so that can only move acceptance:
+greedy, 64 tokens on the ten fresh prompts, 1.79 accepted tokens per step with bf16 products against 1.80
+with fp32 ones (against the fp32 module: the same best first token on 99% of steps, the same whole tree
+on 73%).
+
+What is left is mostly reading weights: a level reads fc, the layer and the 8192-row LM head, about 18 MB
+in bf16, and a depth-4 tree runs 4 levels, about a quarter of the bytes of one target step (135M
+parameters). Levels after the first find the weights in a 32 MB L3 when nothing else evicts them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..forward import Dense
+from .packed import mm
+
+
+class Scratch:
+    """Keys and values of the head's rows run so far in one proposal: k, v [Hkv, N, D] fp32, rows 0..n-1."""
+
+    def __init__(self, n_kv: int, rows: int, head_dim: int, device):
+        self.k = torch.empty(n_kv, rows, head_dim, device=device)
+        self.v = torch.empty(n_kv, rows, head_dim, device=device)
+        self.n = 0
+
+
+class PackedHead:
+    """(features [m, H], tokens [m]) at one tree depth -> (next features [m, H] fp32, draft logits [m, v])."""
+
+    def __init__(self, head, embed: torch.Tensor, lm_w: torch.Tensor, dtype: torch.dtype, max_pos: int = 64):
+        """head: an eagle.Head (its weights are copied, in `dtype`); embed [V, H]: the target's token embedding;
+        lm_w [v, H]: the target's LM-head rows for the draft vocabulary."""
+        dev = embed.device
+        w = lambda *mods: torch.cat([m.weight.detach() for m in mods]).to(dev, dtype).contiguous()   # noqa: E731
+        f32 = lambda t: t.detach().to(dev, torch.float32)                                            # noqa: E731
+        self.Hq, self.Hkv, self.D, self.eps = head.n_heads, head.n_kv, head.hd, head.eps
+        self.dtype, self.device = dtype, dev
+        self.fc, self.fc_b = Dense(w(head.fc)), f32(head.fc.bias)                          # [H, 2H], [H]
+        self.qkv = Dense(w(head.q, head.k, head.v))                                        # [(Hq + 2 Hkv) D, H]
+        self.o = Dense(w(head.o))                                                          # [H, Hq D]
+        self.gu = Dense(w(head.gate, head.up))                                             # [2 I, H]
+        self.down = Dense(w(head.down))                                                    # [H, I]
+        self.lm = Dense(lm_w.detach().to(dev, dtype).contiguous())                        # [v, H]
+        self.ln1, self.ln2, self.norm = f32(head.ln1), f32(head.ln2), f32(head.norm)
+        self.embed = embed.detach().to(dtype)                                              # [V, H]
+        self.theta = head.theta
+        self._table(max_pos)
+
+    def _table(self, n: int) -> None:
+        """cos, sin [n, Hq + Hkv, D] per position (Llama's half-split layout, as eagle._rope), query rows
+        pre-scaled by 1/sqrt(D) so attention needs no scaling: [a, b] -> [a cos - b sin, b cos + a sin]."""
+        D = self.D
+        inv = self.theta ** (-torch.arange(0, D, 2, dtype=torch.float32, device=self.device) / D)   # [D/2]
+        ang = torch.arange(n, dtype=torch.float32, device=self.device)[:, None] * inv                # [n, D/2]
+        cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([-ang.sin(), ang.sin()], -1)             # [n, D]
+        scale = torch.tensor([D ** -0.5] * self.Hq + [1.0] * self.Hkv, device=self.device)[:, None]   # [Hq+Hkv, 1]
+        self.cos, self.sin = cos[:, None] * scale, sin[:, None] * scale                              # [n, Hq+Hkv, D]
+
+    def scratch(self, rows: int) -> Scratch:
+        return Scratch(self.Hkv, rows, self.D, self.device)
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, w.shape, w, self.eps)      # eagle._rms in one op
+
+    def __call__(self, f: torch.Tensor, tok: torch.Tensor, pos: int, bias: torch.Tensor, kv: Scratch):
+        """f [m, H] the parents' features, tok [m] the tokens drafted after them, all at depth `pos`;
+        bias [m, kv.n + m] fp32 attention bias, 0 where a row attends (its branch: rows run before and these m
+        rows) and -inf elsewhere (see `bias`). Appends the m rows' keys and values to kv.
+
+        Runs under the caller's inference mode (propose's), not its own: entering one costs as much as an op.
+        Products take and give the model dtype; the fp32 residual and attention take their outputs by type
+        promotion (x += y, y * cos), which saves a conversion per product: on a draft this small ops count."""
+        m, Hq, Hkv, D, dt = f.shape[0], self.Hq, self.Hkv, self.D, self.dtype
+        G, R0, R = Hq // Hkv, kv.n, kv.n + m
+        if pos >= self.cos.shape[0]:
+            self._table(2 * pos)
+        e = self.embed[tok.to(self.device)]                                                # [m, H]
+        x = self.fc_b + mm(self.fc, torch.cat([f.to(dt), e], -1))                          # [m, H] fp32 residual
+        qkv = mm(self.qkv, self._rms(x, self.ln1).to(dt))                                  # [m, (Hq+2Hkv) D]
+        qk = qkv[:, :(Hq + Hkv) * D].view(m, Hq + Hkv, D)
+        qk = qk * self.cos[pos] + qk.roll(D // 2, -1) * self.sin[pos]                      # fp32, roped, q scaled
+        kv.k[:, R0:R] = qk[:, Hq:].transpose(0, 1)
+        kv.v[:, R0:R] = qkv[:, (Hq + Hkv) * D:].view(m, Hkv, D).transpose(0, 1)
+        kv.n = R
+        # GQA: the G query heads of a key head are G more query rows against that head's keys
+        q = qk[:, :Hq].view(m, Hkv, G, D).transpose(0, 1).reshape(Hkv, m * G, D)           # [Hkv, m G, D]
+        s = q @ kv.k[:, :R].transpose(1, 2)                                                # [Hkv, m G, R]
+        s.view(Hkv, m, G, R).add_(bias[:, None])
+        a = torch.softmax(s, -1) @ kv.v[:, :R]                                             # [Hkv, m G, D]
+        a = a.view(Hkv, m, G * D).transpose(0, 1).reshape(m, Hq * D)                       # heads in q's order
+        x += mm(self.o, a.to(dt))
+        g, u = mm(self.gu, self._rms(x, self.ln2).to(dt)).chunk(2, -1)                     # [m, I] each
+        x += mm(self.down, F.silu(g) * u)
+        h = self._rms(x, self.norm)                                                        # [m, H] fp32
+        return h, mm(self.lm, h.to(dt))                                                    # [m, v] model dtype
+
+    @staticmethod
+    def bias(see: torch.Tensor) -> torch.Tensor:
+        """A bool attention mask (True: attends) -> the additive fp32 bias __call__ takes."""
+        return torch.zeros(see.shape, device=see.device).masked_fill_(~see, float("-inf"))
+
