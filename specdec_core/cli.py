@@ -77,6 +77,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--hf", action="store_true",
                    help="also time transformers' generate, plain and with its prompt lookup (k=10)")
     b.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    b.add_argument("--category", action="append", default=None,
+                   help="repeatable: only the prompts of this category (the rows' \"category\" field)")
     b.add_argument("--peer", choices=["llama.cpp"], default=None,
                    help="also run llama.cpp (make peers) on the same GGUF: plain and with its prompt lookup at the "
                         "same k, interleaved with our plain and lookup runs, same threads")
@@ -89,6 +91,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"repeatable, one of {', '.join(NAMES)}; plain decoding (none) is always measured as the "
                         f"reference")
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--category", action="append", default=None,
+                   help="repeatable: only the prompts of this category (the rows' \"category\" field)")
     _repeats(p)
     _common(p)
     s = sub.add_parser("sweep", help="acceptance and speedup against temperature, batch size or k")
@@ -178,8 +182,9 @@ def _read_prompt(args) -> str:
     return text
 
 
-def _prompt_rows(paths: list[str], limit: int | None) -> list[dict]:
-    """The rows of every --prompts file, in order, cut to --limit; a missing file or a bad limit is one line."""
+def _prompt_rows(paths: list[str], limit: int | None, categories: list[str] | None = None) -> list[dict]:
+    """The rows of every --prompts file, in order, only those of --category (when given), cut to --limit; a
+    missing file, a bad limit or a category no row has is one line."""
     from pathlib import Path
     from .bench.workloads import load_jsonl
     if limit is not None and limit < 1:
@@ -189,7 +194,15 @@ def _prompt_rows(paths: list[str], limit: int | None) -> list[dict]:
             raise InputError(f"--prompts {f!r} is a directory, not a JSONL file")
         if not Path(f).exists():
             raise InputError(f"--prompts {f!r} does not exist")
-    return [r for f in paths for r in load_jsonl(f)][:limit]
+    rows = [r for f in paths for r in load_jsonl(f)]
+    if categories:
+        have = sorted({r.get("category", "") for r in rows} - {""})
+        missing = [c for c in categories if c not in have]
+        if missing:
+            raise InputError(f"--category {', '.join(missing)}: no prompt has it; the files have "
+                             f"{', '.join(have) or 'no categories'}")
+        rows = [r for r in rows if r.get("category") in categories]
+    return rows[:limit]
 
 
 def _check_drafters(names: list[str]) -> None:
@@ -243,7 +256,7 @@ def cmd_bench(args) -> int:
     import pandas as pd
     from tqdm import tqdm
     from .bench.sweeps import per_prompt
-    rows_in = _prompt_rows(args.prompts, args.limit)
+    rows_in = _prompt_rows(args.prompts, args.limit, args.category)
     sp = _check_early(args)
     _check_drafters(args.drafter)
     target, draft_lm = _models(args)
@@ -288,7 +301,7 @@ def cmd_bench_peer(args) -> int:
     from tqdm import tqdm
     from .drafters.lookup import PromptLookup
     from .serving import peer
-    rows = _prompt_rows(args.prompts, args.limit)
+    rows = _prompt_rows(args.prompts, args.limit, args.category)
     _check_early(args)
     if args.temperature != 0:
         raise InputError("--peer compares greedy decoding (is each engine's speculative text its own plain "
@@ -340,7 +353,7 @@ def cmd_profile(args) -> int:
     """Where each drafter's step time goes (bench/profile.py), plain decoding beside it as the reference."""
     from tqdm import tqdm
     from .bench import profile as prof
-    rows = _prompt_rows(args.prompts, args.limit)
+    rows = _prompt_rows(args.prompts, args.limit, args.category)
     sp = _check_early(args)
     _check_drafters(args.drafter)
     target, draft_lm = _models(args)

@@ -162,3 +162,14 @@ def test_a_missing_prompts_file_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err == "error: --prompts 'no/such.jsonl' does not exist\n"
     assert main(["profile", "--prompts", "specdec_core", "--drafter", "lookup"]) == 2
     assert capsys.readouterr().err == "error: --prompts 'specdec_core' is a directory, not a JSONL file\n"
+
+
+def test_category_picks_rows_and_an_unknown_one_is_one_line(monkeypatch, capsys):
+    """--category keeps only that workload's rows of a mixed file; a category no row has is refused by name."""
+    monkeypatch.setattr(cli, "load", lambda *a, **k: pytest.fail("loaded a model for bad input"))
+    rows = cli._prompt_rows(["docs/fresh-prompts.jsonl"], None, ["code", "json"])
+    assert rows and {r["category"] for r in rows} == {"code", "json"}
+    assert len(cli._prompt_rows(["docs/fresh-prompts.jsonl"], 1, ["json"])) == 1
+    assert main(["bench", "--prompts", "docs/fresh-prompts.jsonl", "--category", "poetry", "--drafter", "lookup"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --category poetry: no prompt has it") and "code" in err
