@@ -26,8 +26,9 @@ deterministic inference) is what this file buys, and each choice below says what
     own position: keys are read in blocks of BLOCK slots, and a query at position t attends to the first
     BLOCK * (t // BLOCK + 1) slots, the rest masked. Masked slots are exact zeros after the softmax.
   * A query's keys sit in the same slots however it is scored: slot == position for chains (the cache holds
-    committed tokens only, rollback is setting a length); a tree node's ancestors are gathered into
-    position order for its attention (they sit at tree-order slots in the cache until compaction).
+    committed tokens only, rollback is setting a length); a tree node's ancestors sit at tree-order slots
+    until compaction, so its scores are gathered into position order for the softmax, and its values are
+    read in place where the product sums them in the same order (Forward._tree_attend).
   * Attention runs in fp32, its query rows padded like any other product.
   * RoPE's cos/sin come from one table indexed by position, never recomputed per call.
   * Everything else is elementwise or a per-row reduction over a fixed width.
@@ -100,7 +101,7 @@ class TreePlan:
     Sk: int                           # keys scored: slots [0, Sk), every slot a node of the group sees
     gather: torch.Tensor              # [R', S] long, the slot at each position of the row's node
     see: torch.Tensor                 # [R', S] bool, the positions it attends to
-    inv: torch.Tensor                 # [R', S] long, the position at each slot (S: not seen, a zero)
+    inv: torch.Tensor | None          # [R', S] long, the position at each slot (S: unseen, a zero); None: all slow
     slow: torch.Tensor | None         # [m] nodes (index in the group) whose values are gathered instead
     slow_gather: torch.Tensor | None  # [m, S] long, their slot at each position
 
@@ -340,15 +341,15 @@ class Forward:
         G, dev, n = self.n_heads // self.n_kv, self.device, len(ancs)
         gather = torch.zeros(n, S, dtype=torch.long)      # [n, S] the slot at each position
         inv = torch.full((n, S), S, dtype=torch.long)     # [n, S] the position at each slot (S: a zero)
-        pre, slow = torch.arange(base), []
+        pre, slow, cpu = torch.arange(base), [], dev.type == "cpu"
         for j, a in enumerate(ancs):
             if a[0] < base or any(x >= y for x, y in zip(a, a[1:])):
                 raise ValueError("a tree node's ancestor slots must follow the prefix and increase with position")
             gather[j, :base], gather[j, base:base + len(a)] = pre, torch.tensor(a)
             # p @ v in slot order equals position order iff no K-block of the product's sum separates a key's
             # slot from its position: the CPU GEMM (measured, MKL fp32) splits K only at multiples of
-            # BLOCK in the upper half of K, and once at K / 2 for 192 < K < 384
-            if base >= S // 2 and a[-1] < S and all(x // BLOCK == (base + i) // BLOCK for i, x in enumerate(a)):
+            # BLOCK in the upper half of K, and once at K / 2 for 192 < K < 384. Other devices: unmeasured
+            if cpu and base >= S // 2 and a[-1] < S and all(x // BLOCK == (base + i) // BLOCK for i, x in enumerate(a)):
                 inv[j, :base], inv[j, a] = pre, torch.arange(base, base + len(a))
             else:
                 slow.append(j)
@@ -358,9 +359,9 @@ class Forward:
         see = rows(see, False)
         see[n * G:, 0] = True                     # padding rows see slot 0 only (no row may be all masked)
         Sk = -(-max(a[-1] + 1 for a in ancs) // BLOCK) * BLOCK   # products of fewer than 12 columns sum otherwise
-        return TreePlan(S, Sk, rows(gather, 0).to(dev), see.to(dev),
-                        rows(inv, S).to(dev), torch.tensor(slow, device=dev) if slow else None,
-                        gather[slow].to(dev) if slow else None)
+        fast = rows(inv, S).to(dev) if len(slow) < n else None
+        return TreePlan(S, Sk, rows(gather, 0).to(dev), see.to(dev), fast,
+                        torch.tensor(slow, device=dev) if slow else None, gather[slow].to(dev) if slow else None)
 
     def _tree_attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, plan: "TreePlan") -> torch.Tensor:
         """q [n, Hq, D] (one row's tree nodes of one key length, roped and pre-scaled), kc, vc [Hkv, C, D]
@@ -381,8 +382,11 @@ class Forward:
         s = x @ kc[:, :plan.Sk].float().transpose(-1, -2)                                   # [Hkv, R', Sk] slots
         s = s.gather(-1, plan.gather.expand(Hkv, -1, -1))                                   # [Hkv, R', S] positions
         p = torch.softmax(s.masked_fill_(~plan.see, float("-inf")), -1)
-        ps = F.pad(p, (0, 1)).gather(-1, plan.inv.expand(Hkv, -1, -1))                      # [Hkv, R', S] slots
-        o = (ps @ vc[:, :S].float())[:, :n * G].view(Hkv, n, G, D)
+        if plan.inv is not None:
+            ps = F.pad(p, (0, 1)).gather(-1, plan.inv.expand(Hkv, -1, -1))                  # [Hkv, R', S] slots
+            o = (ps @ vc[:, :S].float())[:, :n * G].view(Hkv, n, G, D)
+        else:
+            o = q.new_empty(Hkv, n, G, D)
         if plan.slow is not None:
             v = vc[:, plan.slow_gather].float()                                              # [Hkv, m, S, D]
             pm = p[:, :n * G].view(Hkv, n, G, S)[:, plan.slow]                               # [Hkv, m, G, S]
