@@ -26,8 +26,9 @@ deterministic inference) is what this file buys, and each choice below says what
     own position: keys are read in blocks of BLOCK slots, and a query at position t attends to the first
     BLOCK * (t // BLOCK + 1) slots, the rest masked. Masked slots are exact zeros after the softmax.
   * A query's keys sit in the same slots however it is scored: slot == position for chains (the cache holds
-    committed tokens only, rollback is setting a length); a tree node's ancestors are gathered into
-    position order for its attention (they sit at tree-order slots in the cache until compaction).
+    committed tokens only, rollback is setting a length); a tree node's ancestors sit at tree-order slots
+    until compaction, so its scores are gathered into position order for the softmax, and its values are
+    read in place where the product sums them in the same order (Forward._tree_attend).
   * Attention runs in fp32, its query rows padded like any other product.
   * RoPE's cos/sin come from one table indexed by position, never recomputed per call.
   * Everything else is elementwise or a per-row reduction over a fixed width.
@@ -91,6 +92,19 @@ class Block:
     ln2: torch.Tensor                 # [H]
     gu: Dense                         # [2 I, H]
     down: Dense                       # [H, I]
+
+
+@dataclass
+class TreePlan:
+    """One row's tree nodes of one key length S, planned once per call for every layer (Forward._tree_attend).
+    Query rows are (node, query head of a key/value head), padded to a multiple of ROWS."""
+    S: int
+    Sk: int                           # keys scored: slots [0, Sk), every slot a node of the group sees
+    gather: torch.Tensor              # [R', S] long, the slot at each position of the row's node
+    see: torch.Tensor                 # [R', S] bool, the positions it attends to
+    inv: torch.Tensor | None          # [R', S] long, the position at each slot (S: unseen, a zero); None: all slow
+    slow: torch.Tensor | None         # [m] nodes (index in the group) whose values are gathered instead
+    slow_gather: torch.Tensor | None  # [m, S] long, their slot at each position
 
 
 def _fuse(mods: list) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -296,14 +310,8 @@ class Forward:
             sel = slice(rs[0], rs[-1] + 1) if rs == list(range(rs[0], rs[-1] + 1)) else torch.tensor(rs, device=dev)
             groups.append(("chain", S, sel, idx, real, see, span))
         for (r, S), qs in trees.items():
-            gather = torch.zeros(len(qs), S, dtype=torch.long)
-            for j, i in enumerate(qs):
-                gather[j, :base[r]] = torch.arange(base[r])
-                gather[j, base[r]:base[r] + len(anc[i])] = torch.tensor(anc[i])   # ancestors, itself: slot = position
-            idx = torch.tensor(qs, device=dev)
-            see = torch.arange(S, device=dev) <= pos[idx][:, None]                          # [n, S]
-            see = _pad_see(see[None, :, None].expand(self.n_kv, -1, G, -1))                 # [Hkv, n, G', S]
-            groups.append(("tree", S, r, idx, gather.to(dev), see, None))
+            plan = self._tree_plan(S, base[r], [anc[i] for i in qs], pos[qs].tolist())
+            groups.append(("tree", S, r, torch.tensor(qs, device=dev), plan, None, None))
         whole = len(groups) == 1 and groups[0][6] is not None and groups[0][6][1] == 0
         return groups, whole
 
@@ -313,7 +321,7 @@ class Forward:
         Hkv, G = self.n_kv, Hq // self.n_kv
         kc, vc = cache.k[l], cache.v[l]
         out = None if whole and n_real == N else q.new_zeros(N, Hq, D)
-        for kind, S, r, idx, aux, see, span in groups:   # aux: chains' real-query mask, trees' gather
+        for kind, S, r, idx, aux, see, span in groups:   # aux: chains' real-query mask, trees' TreePlan
             if kind == "chain" and span is not None:
                 row, a, n = span
                 k, v = kc[row, :, :S].float(), vc[row, :, :S].float()                        # [Hkv, S, D]
@@ -331,11 +339,7 @@ class Forward:
                 o = o.view(R, Hkv, G, n, D).permute(0, 3, 1, 2, 4).reshape(R * n, Hq, D)
                 out[idx.view(-1)[aux]] = o[aux]
             else:
-                n = idx.numel()
-                k, v = kc[r][:, aux].float(), vc[r][:, aux].float()                         # [Hkv, n, S, D]
-                x = q[idx].view(n, Hkv, G, D).transpose(0, 1)                                # [Hkv, n, G, D]
-                o = _attention(x, k, v, see)                                                 # [Hkv, n, G, D]
-                out[idx] = o.transpose(0, 1).reshape(n, Hq, D)
+                out[idx] = self._tree_attend(q[idx], kc[r], vc[r], aux)
         return out.view(N, Hq * D)
 
     def _layers(self, x, N, cos, sin, scale, cache, groups, whole, one, rows_t, slots, r0, s0) -> torch.Tensor:
@@ -356,6 +360,65 @@ class Forward:
             g, u = b.gu(self._rms(x, b.ln2)).chunk(2, -1)                                # [Np, I] each
             x = x + b.down(F.silu(g) * u)
         return x
+
+    def _tree_plan(self, S: int, base: int, ancs: list[list[int]], P: list[int]) -> "TreePlan":
+        """Plan one row's tree nodes of key length S: node j at position P[j] sees the prefix slots [0, base)
+        and its ancestors' slots ancs[j] (itself last), which increase with position (tree order: a parent
+        precedes its children). See _tree_attend for how the plan is used and why it is bitwise a chain's."""
+        G, dev, n = self.n_heads // self.n_kv, self.device, len(ancs)
+        gather = torch.zeros(n, S, dtype=torch.long)      # [n, S] the slot at each position
+        inv = torch.full((n, S), S, dtype=torch.long)     # [n, S] the position at each slot (S: a zero)
+        pre, slow, cpu = torch.arange(base), [], dev.type == "cpu"
+        for j, a in enumerate(ancs):
+            if a[0] < base or any(x >= y for x, y in zip(a, a[1:])):
+                raise ValueError("a tree node's ancestor slots must follow the prefix and increase with position")
+            gather[j, :base], gather[j, base:base + len(a)] = pre, torch.tensor(a)
+            # p @ v in slot order equals position order iff no K-block of the product's sum separates a key's
+            # slot from its position: the CPU GEMM (measured, MKL fp32) splits K only at multiples of
+            # BLOCK in the upper half of K, and once at K / 2 for 192 < K < 384. Other devices: unmeasured
+            if cpu and base >= S // 2 and a[-1] < S and all(x // BLOCK == (base + i) // BLOCK for i, x in enumerate(a)):
+                inv[j, :base], inv[j, a] = pre, torch.arange(base, base + len(a))
+            else:
+                slow.append(j)
+        see = torch.arange(S) <= torch.tensor(P)[:, None]                                # [n, S]
+        R = n * G + (-n * G % ROWS)
+        rows = lambda t, fill: torch.cat([t.repeat_interleave(G, 0), t.new_full((R - n * G, S), fill)])
+        see = rows(see, False)
+        see[n * G:, 0] = True                     # padding rows see slot 0 only (no row may be all masked)
+        Sk = -(-max(a[-1] + 1 for a in ancs) // BLOCK) * BLOCK   # products of fewer than 12 columns sum otherwise
+        fast = rows(inv, S).to(dev) if len(slow) < n else None
+        return TreePlan(S, Sk, rows(gather, 0).to(dev), see.to(dev), fast,
+                        torch.tensor(slow, device=dev) if slow else None, gather[slow].to(dev) if slow else None)
+
+    def _tree_attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, plan: "TreePlan") -> torch.Tensor:
+        """q [n, Hq, D] (one row's tree nodes of one key length, roped and pre-scaled), kc, vc [Hkv, C, D]
+        the row's cache -> attention output [n, Hq, D] fp32, bitwise what each node gets scored as a chain.
+
+        Scores: one product of all the nodes' queries against the keys in slot order, as a chain's (a score
+        is a dot product over D, wherever its key sits). The softmax needs position order (its vectorised sum
+        depends on the lane an element sits in), so the *scores* are gathered into each node's position
+        order (n G S floats per key/value head, where gathering keys and values copied 2 n S D). p @ v then
+        reads the values in place: p is put back in slot order, zeros elsewhere, and multiplied by the cache's
+        first S value slots, a chain's product of K = S; each node's non-zero terms meet the sum in position
+        order, and zero terms add nothing. Nodes for which a K-block of the product would separate a key's
+        slot from its position (a tree straddling a BLOCK boundary) gather their values instead."""
+        n, Hq, D = q.shape
+        Hkv, S = self.n_kv, plan.S
+        G = Hq // Hkv
+        x = pad_rows(q.view(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D))          # [Hkv, R', D]
+        s = x @ kc[:, :plan.Sk].float().transpose(-1, -2)                                   # [Hkv, R', Sk] slots
+        s = s.gather(-1, plan.gather.expand(Hkv, -1, -1))                                   # [Hkv, R', S] positions
+        p = torch.softmax(s.masked_fill_(~plan.see, float("-inf")), -1)
+        if plan.inv is not None:
+            ps = F.pad(p, (0, 1)).gather(-1, plan.inv.expand(Hkv, -1, -1))                  # [Hkv, R', S] slots
+            o = (ps @ vc[:, :S].float())[:, :n * G].view(Hkv, n, G, D)
+        else:
+            o = q.new_empty(Hkv, n, G, D)
+        if plan.slow is not None:
+            v = vc[:, plan.slow_gather].float()                                              # [Hkv, m, S, D]
+            pm = p[:, :n * G].view(Hkv, n, G, S)[:, plan.slow]                               # [Hkv, m, G, S]
+            o[:, plan.slow] = (pad_rows(pm) @ v)[..., :G, :]
+        return o.transpose(0, 1).reshape(n, Hq, D)
 
     # -- the forward
 

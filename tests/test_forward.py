@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 from specdec_core import InputError, make_drafter, run
 from specdec_core.batch import run_batch
-from specdec_core.forward import Forward, Unsupported
+from specdec_core.forward import BLOCK, Forward, Unsupported
 from specdec_core.models import LM, attach_forward, pick_dtype
 from specdec_core.tree import compile_tree
 from specdec_core.bench.workloads import load_jsonl
@@ -125,6 +125,52 @@ def test_a_position_scores_the_same_inside_a_tree(either):
     for i in range(tree.size):
         branch = [root] + [int(nodes[j]) for j in tree.path_to(i)]
         assert torch.equal(logits[i], scored(lm, ctx, branch)[-1]), f"node {i}"
+
+
+# trees of depth 1..5 and up to 16 nodes (node 0, the root, excluded from the paths)
+TREES = [[(0,), (1,), (2,), (3,)],
+         [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)],
+         [(0,), (1,), (0, 0), (1, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0), (1, 0, 0), (0, 1, 0)],
+         [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+          (0, 0, 0, 0), (0, 0, 1, 0), (0, 0, 0, 0, 0), (1, 0, 0, 0)]]
+
+
+@pytest.mark.parametrize("ctx", [5, 30, 200, 220, 380, 570])
+def test_tree_nodes_score_as_their_branch_across_contexts(either, ctx):
+    """Every node of every tree == its root-to-node branch scored as a chain, bit for bit, after contexts whose
+    trees sit inside one key block (200), straddle a block boundary (30, 220: 224, 380: 384, 570: 576, where
+    the CPU's product also splits its sum over keys), are short (5) or long (> 256, > 512 keys)."""
+    lm = either
+    ids = torch.randint(100, 20000, (ctx + 16,), generator=torch.Generator().manual_seed(ctx)).tolist()
+    c = lm.new_cache()
+    lm.forward(torch.tensor(ids[:ctx]), c)
+    for paths in TREES:
+        tree = compile_tree(paths)
+        nodes = torch.tensor(ids[ctx:ctx + tree.size])
+        c.set_length(0, ctx)
+        logits, _ = lm.tree_forward(c, nodes, tree)
+        for leaf in (i for i in range(tree.size) if not tree.children[i]):
+            branch = [0] + tree.path_to(leaf)
+            c.set_length(0, ctx)
+            chain = lm.forward(nodes[branch], c)                                           # the branch alone
+            for k, i in enumerate(branch):
+                assert torch.equal(logits[i], chain[k]), f"ctx={ctx} tree of {tree.size}, node {i}"
+
+
+def test_tree_values_are_read_in_place_unless_a_block_boundary_intervenes(bundled):
+    """The tree plan: nodes inside one key block multiply the cache's values where they sit (no gathered
+    copy); a node with a key whose slot and position fall in different blocks gathers its values."""
+    f = bundled.fwd
+    tree = compile_tree(TREES[3])
+    plan = lambda L: f._tree_plan(BLOCK * (L // BLOCK + 1), L,
+                                  [[L + j for j in [0] + tree.path_to(i)] for i in range(tree.size)],
+                                  (L + tree.depth).tolist())
+    assert plan(200).slow is None                                                        # slots 200..215 < 224
+    slow = plan(215).slow.tolist()                                    # slots 215..230: nodes 9.. sit past 224
+    assert slow == list(range(9, tree.size))
+    assert plan(5).slow.tolist() == list(range(tree.size))            # a short prefix: all gathered, as before
+    with pytest.raises(ValueError, match="increase"):
+        f._tree_plan(224, 200, [[200, 202, 201]], [202])
 
 
 def test_a_sequence_scores_the_same_as_a_row_of_a_batch(either):
