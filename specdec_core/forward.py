@@ -105,6 +105,7 @@ class TreePlan:
     inv: torch.Tensor | None          # [R', S] long, the position at each slot (S: unseen, a zero); None: all slow
     slow: torch.Tensor | None         # [m] nodes (index in the group) whose values are gathered instead
     slow_gather: torch.Tensor | None  # [m, S] long, their slot at each position
+    rescore: bool = False             # the slow nodes' scores are taken again against their gathered keys
 
 
 def _fuse(mods: list) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -368,7 +369,8 @@ class Forward:
         G, dev, n = self.n_heads // self.n_kv, self.device, len(ancs)
         gather = torch.zeros(n, S, dtype=torch.long)      # [n, S] the slot at each position
         inv = torch.full((n, S), S, dtype=torch.long)     # [n, S] the position at each slot (S: a zero)
-        pre, slow, cpu = torch.arange(base), [], dev.type == "cpu"
+        pre, slow = torch.arange(base), []
+        scores_ok, values_ok = in_place_ok(dev, self.n_kv, G, self.head_dim)
         for j, a in enumerate(ancs):
             if a[0] < base or any(x >= y for x, y in zip(a, a[1:])):
                 raise ValueError("a tree node's ancestor slots must follow the prefix and increase with position")
@@ -376,7 +378,8 @@ class Forward:
             # p @ v in slot order equals position order iff no K-block of the product's sum separates a key's
             # slot from its position: the CPU GEMM (measured, MKL fp32) splits K only at multiples of
             # BLOCK in the upper half of K, and once at K / 2 for 192 < K < 384. Other devices: unmeasured
-            if cpu and base >= S // 2 and a[-1] < S and all(x // BLOCK == (base + i) // BLOCK for i, x in enumerate(a)):
+            if values_ok and scores_ok and base >= S // 2 and a[-1] < S and \
+                    all(x // BLOCK == (base + i) // BLOCK for i, x in enumerate(a)):
                 inv[j, :base], inv[j, a] = pre, torch.arange(base, base + len(a))
             else:
                 slow.append(j)
@@ -388,37 +391,12 @@ class Forward:
         Sk = -(-max(a[-1] + 1 for a in ancs) // BLOCK) * BLOCK   # products of fewer than 12 columns sum otherwise
         fast = rows(inv, S).to(dev) if len(slow) < n else None
         return TreePlan(S, Sk, rows(gather, 0).to(dev), see.to(dev), fast,
-                        torch.tensor(slow, device=dev) if slow else None, gather[slow].to(dev) if slow else None)
+                        torch.tensor(slow, device=dev) if slow else None, gather[slow].to(dev) if slow else None,
+                        not scores_ok)
 
     def _tree_attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, plan: "TreePlan") -> torch.Tensor:
-        """q [n, Hq, D] (one row's tree nodes of one key length, roped and pre-scaled), kc, vc [Hkv, C, D]
-        the row's cache -> attention output [n, Hq, D] fp32, bitwise what each node gets scored as a chain.
-
-        Scores: one product of all the nodes' queries against the keys in slot order, as a chain's (a score
-        is a dot product over D, wherever its key sits). The softmax needs position order (its vectorised sum
-        depends on the lane an element sits in), so the *scores* are gathered into each node's position
-        order (n G S floats per key/value head, where gathering keys and values copied 2 n S D). p @ v then
-        reads the values in place: p is put back in slot order, zeros elsewhere, and multiplied by the cache's
-        first S value slots, a chain's product of K = S; each node's non-zero terms meet the sum in position
-        order, and zero terms add nothing. Nodes for which a K-block of the product would separate a key's
-        slot from its position (a tree straddling a BLOCK boundary) gather their values instead."""
-        n, Hq, D = q.shape
-        Hkv, S = self.n_kv, plan.S
-        G = Hq // Hkv
-        x = pad_rows(q.view(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D))          # [Hkv, R', D]
-        s = x @ kc[:, :plan.Sk].float().transpose(-1, -2)                                   # [Hkv, R', Sk] slots
-        s = s.gather(-1, plan.gather.expand(Hkv, -1, -1))                                   # [Hkv, R', S] positions
-        p = torch.softmax(s.masked_fill_(~plan.see, float("-inf")), -1)
-        if plan.inv is not None:
-            ps = F.pad(p, (0, 1)).gather(-1, plan.inv.expand(Hkv, -1, -1))                  # [Hkv, R', S] slots
-            o = (ps @ vc[:, :S].float())[:, :n * G].view(Hkv, n, G, D)
-        else:
-            o = q.new_empty(Hkv, n, G, D)
-        if plan.slow is not None:
-            v = vc[:, plan.slow_gather].float()                                              # [Hkv, m, S, D]
-            pm = p[:, :n * G].view(Hkv, n, G, S)[:, plan.slow]                               # [Hkv, m, G, S]
-            o[:, plan.slow] = (pad_rows(pm) @ v)[..., :G, :]
-        return o.transpose(0, 1).reshape(n, Hq, D)
+        return _tree_attention(q, kc, vc, self.n_kv, plan.S, plan.Sk, plan.gather, plan.see, plan.inv, plan.slow,
+                               plan.slow_gather, plan.rescore)
 
     # -- the forward
 
@@ -451,12 +429,15 @@ class Forward:
         Hq, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         scale = self._scale                                                               # q pre-scaled, k not
         x = self.embed[ids]                                                               # [Np, H]
-        if self._w is not None and one and all(g[6] is not None for g in groups):
-            # one row, consecutive slots (a decode step, a chain verify, a prefill, a draft model's step): the
-            # same ops in the same order, run by TorchScript's interpreter instead of Python (_span_layers)
-            x = _span_layers(x, cos, sin, scale, [g[5] for g in groups], [g[6][1] for g in groups],
-                             [g[6][2] for g in groups], [g[1] for g in groups], *self._w, cache.k, cache.v,
-                             r0, s0, N, Hq, Hkv, D, self.eps, MAX_ROWS)
+        if self._w is not None and one and all(g[6] is not None or g[0] == "tree" for g in groups):
+            # one row, consecutive slots (a decode step, a chain verify, a tree, a prefill, a draft model's
+            # step): the same ops in the same order, run by TorchScript's interpreter instead of Python
+            ch, tr = [g for g in groups if g[0] == "chain"], [g[4] for g in groups if g[0] == "tree"]
+            x = _span_layers(x, cos, sin, scale, [g[5] for g in ch], [g[6][1] for g in ch], [g[6][2] for g in ch],
+                             [g[1] for g in ch], *self._w, cache.k, cache.v, r0, s0, N, Hq, Hkv, D, self.eps,
+                             MAX_ROWS, [g[3] for g in groups if g[0] == "tree"], [t.S for t in tr],
+                             [t.Sk for t in tr], [t.gather for t in tr], [t.see for t in tr], [t.inv for t in tr],
+                             [t.slow for t in tr], [t.slow_gather for t in tr], [t.rescore for t in tr])
         else:
             x = self._layers(x, N, cos, sin, scale, cache, groups, whole, one, rows_t, slots, r0, s0)
         h = self._rms(x[:N], self.norm) if self.norm is not None else x[:N]
@@ -464,6 +445,53 @@ class Forward:
         logits = self.head(hs).float()
         logits = self.vocab.scatter(logits) if self.vocab is not None else logits
         return (logits, h) if hidden else logits
+
+
+_IN_PLACE: dict = {}
+
+
+def in_place_ok(dev: torch.device, n_kv: int, G: int, D: int) -> tuple[bool, bool]:
+    """Whether this device's products let a tree node's attention skip gathering keys and values (probed once
+    per device and shape, a few ms): (scores, values).
+
+    scores: a query's scores against keys in slot order, gathered into position order, equal the scores of the
+    same keys in position order (as a chain takes them). values: p @ v with p in slot order (zeros between)
+    equals p @ v in position order, for nodes whose ancestors share a BLOCK with their positions in the upper
+    half of S. Both hold bit for bit on the CPUs measured (MKL fp32 splits a product's sum over K only at
+    points such a node never straddles), but they are properties of a GEMM's blocking, not of arithmetic: a
+    device where either fails gathers, as a chain's keys and values would be read (exact, slower)."""
+    key = (str(dev), n_kv, G, D)
+    if key not in _IN_PLACE:
+        ok_s = ok_v = dev.type == "cpu"
+        g = torch.Generator().manual_seed(0)
+        R = G * 3 + (-G * 3 % ROWS)
+        for S in list(range(BLOCK, 1024 + 1, BLOCK)) + list(range(1024 + 2 * BLOCK, 2048 + 1, 2 * BLOCK)):
+            if not (ok_s or ok_v):
+                break
+            base = S // 2 + int(torch.randint(0, S // 2 - 1, (), generator=g))
+            d = min(4, S - 1 - base)
+            pos = torch.arange(base, base + d + 1)
+            # slots: the root at its position, the deeper ancestors shifted later by c, inside their blocks
+            room = min(min((int(t) // BLOCK + 1) * BLOCK, S) - 1 - int(t) for t in pos[1:]) if d else 0
+            c = int(torch.randint(0, room + 1, (), generator=g))
+            slots = torch.cat([pos[:1], pos[1:] + c])
+            k = torch.randn(n_kv, S, D, generator=g).to(dev)
+            v = torch.randn(n_kv, S, D, generator=g).to(dev)
+            q = torch.randn(n_kv, R, D, generator=g).to(dev)
+            order = torch.cat([torch.arange(base), slots])                                   # position -> slot
+            kp, vp = k.clone(), v.clone()
+            kp[:, base:base + d + 1], vp[:, base:base + d + 1] = k[:, slots], v[:, slots]
+            Sk = -(-(int(slots[-1]) + 1) // BLOCK) * BLOCK
+            chain = q @ kp.transpose(-1, -2)                                                  # [Hkv, R, S]
+            tree = (q @ k[:, :Sk].transpose(-1, -2))[..., order]
+            ok_s = ok_s and torch.equal(chain[..., :order.numel()], tree)
+            p = torch.rand(n_kv, R, S, generator=g).to(dev)
+            p[..., base + d + 1:] = 0
+            ps = torch.zeros_like(p)
+            ps[..., order] = p[..., :order.numel()]
+            ok_v = ok_v and torch.equal(p @ vp, ps @ v)
+        _IN_PLACE[key] = (ok_s, ok_v)
+    return _IN_PLACE[key]
 
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:
@@ -492,6 +520,57 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see: torch.Ten
 
 
 @torch.jit.script
+def _pad4(x: torch.Tensor) -> torch.Tensor:
+    """pad_rows for TorchScript: zero rows along dim -2 up to a multiple of ROWS (4)."""
+    extra = -x.shape[-2] % 4
+    if extra == 0:
+        return x
+    shape = list(x.shape)
+    shape[-2] = extra
+    return torch.cat([x, x.new_zeros(shape)], -2)
+
+
+@torch.jit.script
+def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: int, S: int, Sk: int,
+                    gather: torch.Tensor, see: torch.Tensor, inv: Optional[torch.Tensor],
+                    slow: Optional[torch.Tensor], slow_gather: Optional[torch.Tensor], rescore: bool) -> torch.Tensor:
+    """q [n, Hq, D] (one row's tree nodes of one key length, roped and pre-scaled), kc, vc [Hkv, C, D]
+    the row's cache -> attention output [n, Hq, D] fp32, bitwise what each node gets scored as a chain.
+
+    Scores: one product of all the nodes' queries against the keys in slot order, as a chain's (a score
+    is a dot product over D, wherever its key sits). The softmax needs position order (its vectorised sum
+    depends on the lane an element sits in), so the *scores* are gathered into each node's position
+    order (n G S floats per key/value head, where gathering keys and values copied 2 n S D). p @ v then
+    reads the values in place: p is put back in slot order, zeros elsewhere, and multiplied by the cache's
+    first S value slots, a chain's product of K = S; each node's non-zero terms meet the sum in position
+    order, and zero terms add nothing. Nodes for which a K-block of the product would separate a key's
+    slot from its position (a tree straddling a BLOCK boundary) gather their values instead."""
+    n, Hq, D = q.shape
+    G = Hq // Hkv
+    x = _pad4(q.view(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D))          # [Hkv, R', D]
+    s = x @ kc[:, :Sk].float().transpose(-1, -2)                                   # [Hkv, R', Sk] slots
+    s = s.gather(-1, gather.expand(Hkv, -1, -1))                                   # [Hkv, R', S] positions
+    p = torch.softmax(s.masked_fill_(~see, float("-inf")), -1)
+    if inv is not None:
+        ps = torch.nn.functional.pad(p, [0, 1]).gather(-1, inv.expand(Hkv, -1, -1))                  # [Hkv, R', S] slots
+        o = (ps @ vc[:, :S].float())[:, :n * G].view(Hkv, n, G, D)
+    else:
+        o = q.new_empty(Hkv, n, G, D)
+    if slow is not None:
+        assert slow_gather is not None
+        v = vc[:, slow_gather].float()                                              # [Hkv, m, S, D]
+        pm = p[:, :n * G].view(Hkv, n, G, S)[:, slow]                               # [Hkv, m, G, S]
+        if rescore:   # this device's slot-order scores are not a chain's (in_place_ok): as a chain
+            k = kc[:, slow_gather].float()                                          # [Hkv, m, S, D]
+            qm = q.view(n, Hkv, G, D).transpose(0, 1)[:, slow]                      # [Hkv, m, G, D]
+            see = see[:n * G].view(n, G, S)[slow]                              # [m, G, S]
+            sm = (_pad4(qm) @ k.transpose(-1, -2))[..., :G, :]
+            pm = torch.softmax(sm.masked_fill_(~see, float("-inf")), -1)
+        o[:, slow] = (_pad4(pm) @ v)[..., :G, :]
+    return o.transpose(0, 1).reshape(n, Hq, D)
+
+
+@torch.jit.script
 def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], max_rows: int) -> torch.Tensor:
     """Dense.__call__ for a packed weight and rows already padded to a multiple of ROWS, op for op."""
     n = x.shape[0]
@@ -510,10 +589,14 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
                  o_w: List[torch.Tensor], o_b: List[Optional[torch.Tensor]], ln2: List[torch.Tensor],
                  gu_w: List[torch.Tensor], down_w: List[torch.Tensor], ks: List[torch.Tensor],
                  vs: List[torch.Tensor], row: int, s0: int, N: int, Hq: int, Hkv: int, D: int, eps: float,
-                 max_rows: int) -> torch.Tensor:
-    """Forward._layers for one row whose N tokens take consecutive slots from s0 (slot == position), each
-    attention group a span of queries [start, start + count) over key_lens slots: the same ops in the same
-    order (so the same bits), with no Python between them. x [Np, H] embedded, padded to a multiple of ROWS."""
+                 max_rows: int, t_idx: List[torch.Tensor], t_S: List[int], t_Sk: List[int],
+                 t_gather: List[torch.Tensor], t_see: List[torch.Tensor], t_inv: List[Optional[torch.Tensor]],
+                 t_slow: List[Optional[torch.Tensor]], t_slow_gather: List[Optional[torch.Tensor]],
+                 t_rescore: List[bool]) -> torch.Tensor:
+    """Forward._layers for one row whose N tokens take consecutive slots from s0: chain groups, each a span of
+    queries [start, start + count) over key_lens slots (slot == position), and tree groups (t_*: a TreePlan's
+    fields, the nodes t_idx), the same ops in the same order (so the same bits), with no Python between them.
+    x [Np, H] embedded, padded to a multiple of ROWS."""
     Np = x.shape[0]
     G, h = Hq // Hkv, D // 2
     for l in range(len(ln1)):
@@ -525,7 +608,7 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
         ks[l][row, :, s0:s0 + N] = qk[:N, Hq:].transpose(0, 1)
         vs[l][row, :, s0:s0 + N] = qkv[:N, (Hq + Hkv) * D:].view(N, Hkv, D).transpose(0, 1)
         out = torch.zeros(0)
-        if len(starts) > 1 or N != Np:
+        if len(starts) + len(t_idx) > 1 or N != Np:
             out = qk.new_zeros(Np, Hq, D)
         for j in range(len(starts)):
             a, n, S = starts[j], counts[j], key_lens[j]
@@ -541,6 +624,13 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
                 out = o
             else:
                 out[a:a + n] = o
+        for j in range(len(t_idx)):
+            o = _tree_attention(qk[t_idx[j], :Hq], ks[l][row], vs[l][row], Hkv, t_S[j], t_Sk[j], t_gather[j],
+                                t_see[j], t_inv[j], t_slow[j], t_slow_gather[j], t_rescore[j])
+            if out.dim() == 1:
+                out = o
+            else:
+                out[t_idx[j]] = o
         att = out.reshape(Np, Hq * D).to(x.dtype)
         x = x + _dense(att, o_w[l], o_b[l], max_rows)
         xf = x.float()

@@ -173,6 +173,31 @@ def test_tree_values_are_read_in_place_unless_a_block_boundary_intervenes(bundle
         f._tree_plan(224, 200, [[200, 202, 201]], [202])
 
 
+@pytest.mark.parametrize("probe", [(True, False), (False, True)])
+def test_a_device_that_fails_the_probe_gathers_and_stays_exact(bundled, monkeypatch, probe):
+    """Reading keys or values in place rests on how a device's GEMM blocks its sums (forward.in_place_ok, probed
+    once): where the probe fails, every node gathers (and, for scores, takes them again as a chain) and each
+    node still equals its branch scored as a chain, bit for bit."""
+    import specdec_core.forward as fw
+    f, ctx = bundled.fwd, 200
+    assert fw.in_place_ok(f.device, f.n_kv, f.n_heads // f.n_kv, f.head_dim) == (True, True)   # this CPU
+    monkeypatch.setitem(fw._IN_PLACE, (str(f.device), f.n_kv, f.n_heads // f.n_kv, f.head_dim), probe)
+    tree = compile_tree(TREES[3])
+    assert f._tree_plan(224, ctx, [[ctx + j for j in [0] + tree.path_to(i)] for i in range(tree.size)],
+                        (ctx + tree.depth).tolist()).slow.numel() == tree.size
+    ids = torch.randint(100, 20000, (ctx + 16,), generator=torch.Generator().manual_seed(7)).tolist()
+    c = bundled.new_cache()
+    bundled.forward(torch.tensor(ids[:ctx]), c)
+    nodes = torch.tensor(ids[ctx:ctx + tree.size])
+    logits, _ = bundled.tree_forward(c, nodes, tree)
+    for leaf in (i for i in range(tree.size) if not tree.children[i]):
+        branch = [0] + tree.path_to(leaf)
+        c.set_length(0, ctx)
+        chain = bundled.forward(nodes[branch], c)
+        for k, i in enumerate(branch):
+            assert torch.equal(logits[i], chain[k]), f"node {i}"
+
+
 def test_a_sequence_scores_the_same_as_a_row_of_a_batch(either):
     """Prefill and a verify step for three sequences of different lengths in one call == each alone."""
     lm = either
