@@ -396,7 +396,7 @@ class Forward:
 
     def _tree_attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, plan: "TreePlan") -> torch.Tensor:
         return _tree_attention(q, kc, vc, self.n_kv, plan.S, plan.Sk, plan.gather, plan.see, plan.inv, plan.slow,
-                               plan.slow_gather, plan.rescore)
+                               plan.slow_gather, plan.rescore, ROWS)
 
     # -- the forward
 
@@ -437,7 +437,7 @@ class Forward:
                              [g[1] for g in ch], *self._w, cache.k, cache.v, r0, s0, N, Hq, Hkv, D, self.eps,
                              MAX_ROWS, [g[3] for g in groups if g[0] == "tree"], [t.S for t in tr],
                              [t.Sk for t in tr], [t.gather for t in tr], [t.see for t in tr], [t.inv for t in tr],
-                             [t.slow for t in tr], [t.slow_gather for t in tr], [t.rescore for t in tr])
+                             [t.slow for t in tr], [t.slow_gather for t in tr], [t.rescore for t in tr], ROWS)
         else:
             x = self._layers(x, N, cos, sin, scale, cache, groups, whole, one, rows_t, slots, r0, s0)
         h = self._rms(x[:N], self.norm) if self.norm is not None else x[:N]
@@ -520,9 +520,9 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see: torch.Ten
 
 
 @torch.jit.script
-def _pad4(x: torch.Tensor) -> torch.Tensor:
-    """pad_rows for TorchScript: zero rows along dim -2 up to a multiple of ROWS (4)."""
-    extra = -x.shape[-2] % 4
+def _pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """pad_rows for TorchScript: zero rows along dim -2 up to a multiple of rows (ROWS, passed at call time)."""
+    extra = -x.shape[-2] % rows
     if extra == 0:
         return x
     shape = list(x.shape)
@@ -533,7 +533,8 @@ def _pad4(x: torch.Tensor) -> torch.Tensor:
 @torch.jit.script
 def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: int, S: int, Sk: int,
                     gather: torch.Tensor, see: torch.Tensor, inv: Optional[torch.Tensor],
-                    slow: Optional[torch.Tensor], slow_gather: Optional[torch.Tensor], rescore: bool) -> torch.Tensor:
+                    slow: Optional[torch.Tensor], slow_gather: Optional[torch.Tensor], rescore: bool,
+                    rows: int) -> torch.Tensor:
     """q [n, Hq, D] (one row's tree nodes of one key length, roped and pre-scaled), kc, vc [Hkv, C, D]
     the row's cache -> attention output [n, Hq, D] fp32, bitwise what each node gets scored as a chain.
 
@@ -547,7 +548,7 @@ def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: in
     slot from its position (a tree straddling a BLOCK boundary) gather their values instead."""
     n, Hq, D = q.shape
     G = Hq // Hkv
-    x = _pad4(q.view(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D))          # [Hkv, R', D]
+    x = _pad_to(q.view(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D), rows)          # [Hkv, R', D]
     s = x @ kc[:, :Sk].float().transpose(-1, -2)                                   # [Hkv, R', Sk] slots
     s = s.gather(-1, gather.expand(Hkv, -1, -1))                                   # [Hkv, R', S] positions
     p = torch.softmax(s.masked_fill_(~see, float("-inf")), -1)
@@ -564,21 +565,24 @@ def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: in
             k = kc[:, slow_gather].float()                                          # [Hkv, m, S, D]
             qm = q.view(n, Hkv, G, D).transpose(0, 1)[:, slow]                      # [Hkv, m, G, D]
             see = see[:n * G].view(n, G, S)[slow]                              # [m, G, S]
-            sm = (_pad4(qm) @ k.transpose(-1, -2))[..., :G, :]
+            sm = (_pad_to(qm, rows) @ k.transpose(-1, -2))[..., :G, :]
             pm = torch.softmax(sm.masked_fill_(~see, float("-inf")), -1)
-        o[:, slow] = (_pad4(pm) @ v)[..., :G, :]
+        o[:, slow] = (_pad_to(pm, rows) @ v)[..., :G, :]
     return o.transpose(0, 1).reshape(n, Hq, D)
 
 
 @torch.jit.script
-def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], max_rows: int) -> torch.Tensor:
-    """Dense.__call__ for a packed weight and rows already padded to a multiple of ROWS, op for op."""
+def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], max_rows: int, rows: int) -> torch.Tensor:
+    """Dense.__call__ for a packed weight, op for op (bf16 in chunks of max_rows, each padded to rows)."""
     n = x.shape[0]
     if n > max_rows and x.dtype != torch.float32:
-        y = torch.cat([torch.ops.mkldnn._linear_pointwise(x[i:i + max_rows], w, None, "none", [], "")
-                       for i in range(0, n, max_rows)])
+        parts: List[torch.Tensor] = []
+        for i in range(0, n, max_rows):
+            xi = x[i:i + max_rows]
+            parts.append(torch.ops.mkldnn._linear_pointwise(_pad_to(xi, rows), w, None, "none", [], "")[:xi.shape[0]])
+        y = torch.cat(parts)
     else:
-        y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(_pad_to(x, rows), w, None, "none", [], "")[:n]
     return y if b is None else y + b
 
 
@@ -592,7 +596,7 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
                  max_rows: int, t_idx: List[torch.Tensor], t_S: List[int], t_Sk: List[int],
                  t_gather: List[torch.Tensor], t_see: List[torch.Tensor], t_inv: List[Optional[torch.Tensor]],
                  t_slow: List[Optional[torch.Tensor]], t_slow_gather: List[Optional[torch.Tensor]],
-                 t_rescore: List[bool]) -> torch.Tensor:
+                 t_rescore: List[bool], rows: int) -> torch.Tensor:
     """Forward._layers for one row whose N tokens take consecutive slots from s0: chain groups, each a span of
     queries [start, start + count) over key_lens slots (slot == position), and tree groups (t_*: a TreePlan's
     fields, the nodes t_idx), the same ops in the same order (so the same bits), with no Python between them.
@@ -602,7 +606,7 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
     for l in range(len(ln1)):
         xf = x.float()
         y = ln1[l] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-        qkv = _dense(y, qkv_w[l], qkv_b[l], max_rows)                                  # [Np, (Hq+2Hkv) D]
+        qkv = _dense(y, qkv_w[l], qkv_b[l], max_rows, rows)                                  # [Np, (Hq+2Hkv) D]
         qk = qkv[:, :(Hq + Hkv) * D].float().view(Np, Hq + Hkv, D)
         qk = (qk * cos + torch.cat([qk[..., h:], qk[..., :h]], -1) * sin) * scale
         ks[l][row, :, s0:s0 + N] = qk[:N, Hq:].transpose(0, 1)
@@ -615,8 +619,7 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
             k, v = ks[l][row, :, :S].float(), vs[l][row, :, :S].float()                 # [Hkv, S, D]
             q = qk[a:a + n, :Hq].view(n, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G * n, D)
             R = G * n
-            if R % 4:   # ROWS
-                q = torch.cat([q, q.new_zeros(1, Hkv, 4 - R % 4, D)], -2)
+            q = _pad_to(q, rows)
             s = q @ k[None].transpose(-1, -2)                                            # [1, Hkv, R', S]
             o = (torch.softmax(s.masked_fill_(~sees[j], float("-inf")), -1) @ v[None])[:, :, :R]
             o = o.view(Hkv, G, n, D).permute(2, 0, 1, 3).reshape(n, Hq, D)
@@ -626,15 +629,15 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
                 out[a:a + n] = o
         for j in range(len(t_idx)):
             o = _tree_attention(qk[t_idx[j], :Hq], ks[l][row], vs[l][row], Hkv, t_S[j], t_Sk[j], t_gather[j],
-                                t_see[j], t_inv[j], t_slow[j], t_slow_gather[j], t_rescore[j])
+                                t_see[j], t_inv[j], t_slow[j], t_slow_gather[j], t_rescore[j], rows)
             if out.dim() == 1:
                 out = o
             else:
                 out[t_idx[j]] = o
         att = out.reshape(Np, Hq * D).to(x.dtype)
-        x = x + _dense(att, o_w[l], o_b[l], max_rows)
+        x = x + _dense(att, o_w[l], o_b[l], max_rows, rows)
         xf = x.float()
         y = ln2[l] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-        gu = _dense(y, gu_w[l], None, max_rows).chunk(2, -1)                            # [Np, I] each
-        x = x + _dense(torch.nn.functional.silu(gu[0]) * gu[1], down_w[l], None, max_rows)
+        gu = _dense(y, gu_w[l], None, max_rows, rows).chunk(2, -1)                            # [Np, I] each
+        x = x + _dense(torch.nn.functional.silu(gu[0]) * gu[1], down_w[l], None, max_rows, rows)
     return x

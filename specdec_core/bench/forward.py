@@ -27,8 +27,11 @@ def _median_ms(fn, reps: int) -> float:
     return statistics.median(ts) * 1e3
 
 
-def forward_ms(lms: dict[str, LM], context: list[int], qs=(1, 2, 4, 8, 16), reps: int = 15) -> list[dict]:
-    """Per forward: name -> q -> ms, the two forwards interleaved rep by rep."""
+def forward_ms(lms: dict[str, LM], context: list[int], qs=(1, 2, 4, 8, 16), reps: int = 15, warm: int = 2,
+               device: str = "cpu") -> list[dict]:
+    """Per forward: name -> q -> ms, the forwards interleaved rep by rep (the cache rolled back each time); the
+    first `warm` reps warm the shapes up; on CUDA each forward is timed between synchronizations."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     caches = {}
     for name, lm in lms.items():
         c = lm.new_cache()
@@ -38,17 +41,16 @@ def forward_ms(lms: dict[str, LM], context: list[int], qs=(1, 2, 4, 8, 16), reps
     for q in qs:
         ids = torch.tensor(context[:q])
         samples = {name: [] for name in lms}
-        for _ in range(reps + 2):
+        for _ in range(reps + warm):
             for name, lm in lms.items():
                 c = caches[name]
+                sync()
                 t = time.perf_counter()
                 lm.forward(ids, c)
+                sync()
                 samples[name].append(time.perf_counter() - t)
                 c.crop(-q)
-        row = {"q": q}
-        for name, s in samples.items():
-            row[f"{name}_ms"] = statistics.median(s[2:]) * 1e3   # the first two warm the shapes up
-        rows.append(row)
+        rows.append({"q": q} | {f"{name}_ms": statistics.median(s[warm:]) * 1e3 for name, s in samples.items()})
     return rows
 
 

@@ -423,32 +423,13 @@ def hf_greedy(lm: LM, p: list[int], n: int) -> list[int]:
     return out[0, x.shape[1]:].tolist()
 
 
-def forward_ms(lms: dict[str, LM], context: list[int], qs, reps: int, device: str) -> list[dict]:
-    """ms per forward of q new tokens after `context` (rolled back each time), the forwards interleaved."""
-    caches = {}
-    for name, lm in lms.items():
-        c = lm.new_cache()
-        lm.forward(torch.tensor(context), c)
-        caches[name] = c
-    rows = []
-    for q in qs:
-        ids = torch.tensor(context[:q])
-        samples = {name: [] for name in lms}
-        for _ in range(reps + 1):                                        # the first rep warms the shape up
-            for name, lm in lms.items():
-                _, t = timed(lambda: lm.forward(ids, caches[name]), device)
-                samples[name].append(t)
-                caches[name].crop(-q)
-        rows.append({"q": q} | {f"{name}_ms": statistics.median(s[1:]) * 1e3 for name, s in samples.items()})
-    return rows
-
-
 def timing(ours: LM, hf: LM, device: str, s: Settings) -> list[Result]:
     from ..drafters import make
     from ..engine import run
     ps = prompts(ours.model.config.vocab_size, s.prompts, seed=7)
     dt = dname(ours.dtype)
-    per = forward_ms({"ours": ours, "hf": hf}, ps[0] * 4, s.qs, s.reps, device)
+    from .forward import forward_ms
+    per = forward_ms({"ours": ours, "hf": hf}, ps[0] * 4, s.qs, s.reps, warm=1, device=device)
     out = [Result("timing", "ms per forward, q = new tokens after 192", device, dt, "pass",
                   "measured (no threshold)", {"rows": per})]
     methods = {"ours plain": lambda p: run(ours, make("none", ours), p, max_new_tokens=s.new_tokens,
