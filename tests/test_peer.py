@@ -414,7 +414,12 @@ def test_bench_peer_with_an_extra_drafter_adds_our_engine_beside_llama_cpp_plain
     ex = summ["ours + suffix"]
     assert ex["drafter"] == "suffix" and ex["k"] == make("suffix", target).default_k and ex["threads"] == 1
     assert ex["peer_plain_tokens_per_s"] == pytest.approx(100.0)          # 12 tokens in 120 ms
-    assert ex["speedup_vs_peer_plain"] == pytest.approx(ex["tokens_per_s"] / 100.0)
+    # llama.cpp's plain runs take exactly 100 tokens/s, so each repeat's ratio over it is that repeat's tokens/s
+    # / 100; the quoted tokens/s (the median pair over our plain decoding) is one of those repeats, which need not
+    # be the median pair over llama.cpp's
+    lo, hi = ex["speedup_vs_peer_plain_min"], ex["speedup_vs_peer_plain_max"]
+    assert lo <= ex["speedup_vs_peer_plain"] <= hi
+    assert lo * 100.0 - 1e-9 <= ex["tokens_per_s"] <= hi * 100.0 + 1e-9
     assert ex["baseline_tokens_per_s"] == pytest.approx(ex["tokens_per_s"] / ex["speedup"])   # over our plain
     assert ex["spec_equals_plain"] and ex["identical_prompts"] == 1 and ex["tokens_spec"] == 12
     assert summ["ours"]["spec_equals_plain"] and summ["llama.cpp"]["speedup"] == pytest.approx(2.0)
