@@ -34,17 +34,28 @@ deterministic inference) is what this file buys, and each choice below says what
   * Everything else is elementwise or a per-row reduction over a fixed width.
 
 Speed: on the CPU each weight is pre-packed once into oneDNN's blocked layout (Dense), instead of being
-re-laid out inside every product; decode is then close to reading the weights once per step.
+re-laid out inside every product; a one-row call (decode, chain verify, tree, prefill) runs its layer loop as one
+TorchScript function (_span_layers), the same ops in the same order as the op-by-op loop, without Python between
+them. TorchScript is deprecated in torch in favour of torch.compile, but inductor cannot lower the pre-packed
+oneDNN product (tried: an assertion on the packed weight), and scripting needs no compiler and no per-shape work.
 
 The price: a little padding, a gather for tree nodes, and attention over up to BLOCK - 1 masked keys.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
+
+def _script(fn):
+    """torch.jit.script, without its deprecation warning (see the module docstring's Speed)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(fn)
+
 
 BLOCK = 32      # attention key blocks (slots): a query's key length is a function of its position only
 ROWS = 4        # matrix products get a row count that is a multiple of this (see above)
@@ -519,7 +530,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see: torch.Ten
     return (torch.softmax(s.masked_fill_(~see, float("-inf")), -1) @ v)[..., :R, :]
 
 
-@torch.jit.script
+@_script
 def _pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
     """pad_rows for TorchScript: zero rows along dim -2 up to a multiple of rows (ROWS, passed at call time)."""
     extra = -x.shape[-2] % rows
@@ -530,7 +541,7 @@ def _pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(shape)], -2)
 
 
-@torch.jit.script
+@_script
 def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: int, S: int, Sk: int,
                     gather: torch.Tensor, see: torch.Tensor, inv: Optional[torch.Tensor],
                     slow: Optional[torch.Tensor], slow_gather: Optional[torch.Tensor], rescore: bool,
@@ -571,7 +582,7 @@ def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: in
     return o.transpose(0, 1).reshape(n, Hq, D)
 
 
-@torch.jit.script
+@_script
 def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], max_rows: int, rows: int) -> torch.Tensor:
     """Dense.__call__ for a packed weight, op for op (bf16 in chunks of max_rows, each padded to rows)."""
     n = x.shape[0]
@@ -586,7 +597,7 @@ def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], max_rows
     return y if b is None else y + b
 
 
-@torch.jit.script
+@_script
 def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: torch.Tensor,
                  sees: List[torch.Tensor], starts: List[int], counts: List[int], key_lens: List[int],
                  ln1: List[torch.Tensor], qkv_w: List[torch.Tensor], qkv_b: List[Optional[torch.Tensor]],
