@@ -83,15 +83,8 @@ class Dense:
                 pass
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        if n > MAX_ROWS and x.dtype != torch.float32:   # bf16's many-row kernel sums in another order
-            return torch.cat([self(x[i:i + MAX_ROWS]) for i in range(0, n, MAX_ROWS)])
-        xp = pad_rows(x)
-        if self.packed is not None:
-            y = torch.ops.mkldnn._linear_pointwise(xp, self.packed, None, "none", [], "")[:n]
-        else:
-            y = F.linear(xp, self.w)[:n]
-        return y + self.b if self.b is not None else y
+        packed = self.packed is not None
+        return _dense(x, self.packed if packed else self.w, self.b, packed, MAX_ROWS, ROWS)
 
 
 @dataclass
@@ -285,12 +278,10 @@ class Forward:
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [N, h, D] fp32 rotated by its position's angles (the half-split layout transformers uses):
         [a, b] -> [a cos - b sin, b cos + a sin], with cos = [c, c] and sin = [-s, s] from the table."""
-        h = x.shape[-1] // 2
-        return x * cos + torch.cat([x[..., h:], x[..., :h]], -1) * sin
+        return _rotate(x, cos, sin)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return _rms_norm(x, w, self.eps)
 
     # -- the plan: which queries attend over which key slots, computed once per call for all layers
 
@@ -507,9 +498,7 @@ def in_place_ok(dev: torch.device, n_kv: int, G: int, D: int) -> tuple[bool, boo
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:
     """Zero rows appended along dim -2 up to a multiple of ROWS: every product row then takes one kernel."""
-    n = x.shape[-2]
-    extra = -n % ROWS
-    return torch.cat([x, x.new_zeros(*x.shape[:-2], extra, x.shape[-1])], -2) if extra else x
+    return _pad_to(x, ROWS)
 
 
 def _pad_see(see: torch.Tensor) -> torch.Tensor:
@@ -524,10 +513,8 @@ def _pad_see(see: torch.Tensor) -> torch.Tensor:
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T, masked) v over the last two dims, fp32: q [.., R, D] (pre-scaled), k, v [.., S, D],
-    see [.., R', S] bool with R' = R padded to a multiple of ROWS."""
-    R = q.shape[-2]
-    s = pad_rows(q) @ k.transpose(-1, -2)                                                 # [.., R', S]
-    return (torch.softmax(s.masked_fill_(~see, float("-inf")), -1) @ v)[..., :R, :]
+    see [.., R', S] bool with R' = R padded to a multiple of ROWS (_attention_rows)."""
+    return _attention_rows(q, k, v, see, ROWS)
 
 
 @_script
@@ -539,6 +526,30 @@ def _pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
     shape = list(x.shape)
     shape[-2] = extra
     return torch.cat([x, x.new_zeros(shape)], -2)
+
+
+@_script
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in fp32, back to x's dtype, then the weight (transformers' LlamaRMSNorm, op for op)."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@_script
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, h, D] fp32 rotated by its position's angles (the half-split layout transformers uses):
+    [a, b] -> [a cos - b sin, b cos + a sin], with cos = [c, c] and sin = [-s, s] from the table."""
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat([x[..., h:], x[..., :h]], -1) * sin
+
+
+@_script
+def _attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see: torch.Tensor, rows: int) -> torch.Tensor:
+    """softmax(q k^T, masked) v over the last two dims, fp32: q [.., R, D] (pre-scaled), k, v [.., S, D],
+    see [.., R', S] bool with R' = R padded to a multiple of rows."""
+    R = q.shape[-2]
+    s = _pad_to(q, rows) @ k.transpose(-1, -2)                                            # [.., R', S]
+    return (torch.softmax(s.masked_fill_(~see, float("-inf")), -1) @ v)[..., :R, :]
 
 
 @_script
@@ -564,7 +575,7 @@ def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: in
     s = s.gather(-1, gather.expand(Hkv, -1, -1))                                   # [Hkv, R', S] positions
     p = torch.softmax(s.masked_fill_(~see, float("-inf")), -1)
     if inv is not None:
-        ps = torch.nn.functional.pad(p, [0, 1]).gather(-1, inv.expand(Hkv, -1, -1))                  # [Hkv, R', S] slots
+        ps = torch.nn.functional.pad(p, [0, 1]).gather(-1, inv.expand(Hkv, -1, -1))     # [Hkv, R', S] slots
         o = (ps @ vc[:, :S].float())[:, :n * G].view(Hkv, n, G, D)
     else:
         o = q.new_empty(Hkv, n, G, D)
@@ -583,17 +594,26 @@ def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: in
 
 
 @_script
-def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], max_rows: int, rows: int) -> torch.Tensor:
-    """Dense.__call__ for a packed weight, op for op (bf16 in chunks of max_rows, each padded to rows)."""
+def _product(x: torch.Tensor, w: torch.Tensor, packed: bool) -> torch.Tensor:
+    if packed:
+        return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    return torch.nn.functional.linear(x, w)
+
+
+@_script
+def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], packed: bool, max_rows: int,
+           rows: int) -> torch.Tensor:
+    """y = x @ W^T (+ b), W packed for oneDNN or plain: rows padded to a multiple of `rows`, and bf16 products
+    in chunks of at most max_rows rows (Dense's docstring and the module's say why)."""
     n = x.shape[0]
     if n > max_rows and x.dtype != torch.float32:
         parts: List[torch.Tensor] = []
         for i in range(0, n, max_rows):
             xi = x[i:i + max_rows]
-            parts.append(torch.ops.mkldnn._linear_pointwise(_pad_to(xi, rows), w, None, "none", [], "")[:xi.shape[0]])
+            parts.append(_product(_pad_to(xi, rows), w, packed)[:xi.shape[0]])
         y = torch.cat(parts)
     else:
-        y = torch.ops.mkldnn._linear_pointwise(_pad_to(x, rows), w, None, "none", [], "")[:n]
+        y = _product(_pad_to(x, rows), w, packed)[:n]
     return y if b is None else y + b
 
 
@@ -613,13 +633,10 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
     fields, the nodes t_idx), the same ops in the same order (so the same bits), with no Python between them.
     x [Np, H] embedded, padded to a multiple of ROWS."""
     Np = x.shape[0]
-    G, h = Hq // Hkv, D // 2
+    G = Hq // Hkv
     for l in range(len(ln1)):
-        xf = x.float()
-        y = ln1[l] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-        qkv = _dense(y, qkv_w[l], qkv_b[l], max_rows, rows)                                  # [Np, (Hq+2Hkv) D]
-        qk = qkv[:, :(Hq + Hkv) * D].float().view(Np, Hq + Hkv, D)
-        qk = (qk * cos + torch.cat([qk[..., h:], qk[..., :h]], -1) * sin) * scale
+        qkv = _dense(_rms_norm(x, ln1[l], eps), qkv_w[l], qkv_b[l], True, max_rows, rows)  # [Np, (Hq+2Hkv) D]
+        qk = _rotate(qkv[:, :(Hq + Hkv) * D].float().view(Np, Hq + Hkv, D), cos, sin) * scale
         ks[l][row, :, s0:s0 + N] = qk[:N, Hq:].transpose(0, 1)
         vs[l][row, :, s0:s0 + N] = qkv[:N, (Hq + Hkv) * D:].view(N, Hkv, D).transpose(0, 1)
         out = torch.zeros(0)
@@ -629,10 +646,7 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
             a, n, S = starts[j], counts[j], key_lens[j]
             k, v = ks[l][row, :, :S].float(), vs[l][row, :, :S].float()                 # [Hkv, S, D]
             q = qk[a:a + n, :Hq].view(n, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G * n, D)
-            R = G * n
-            q = _pad_to(q, rows)
-            s = q @ k[None].transpose(-1, -2)                                            # [1, Hkv, R', S]
-            o = (torch.softmax(s.masked_fill_(~sees[j], float("-inf")), -1) @ v[None])[:, :, :R]
+            o = _attention_rows(q, k[None], v[None], sees[j], rows)                     # [1, Hkv, G n, D]
             o = o.view(Hkv, G, n, D).permute(2, 0, 1, 3).reshape(n, Hq, D)
             if out.dim() == 1:
                 out = o
@@ -646,9 +660,7 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
             else:
                 out[t_idx[j]] = o
         att = out.reshape(Np, Hq * D).to(x.dtype)
-        x = x + _dense(att, o_w[l], o_b[l], max_rows, rows)
-        xf = x.float()
-        y = ln2[l] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-        gu = _dense(y, gu_w[l], None, max_rows, rows).chunk(2, -1)                            # [Np, I] each
-        x = x + _dense(torch.nn.functional.silu(gu[0]) * gu[1], down_w[l], None, max_rows, rows)
+        x = x + _dense(att, o_w[l], o_b[l], True, max_rows, rows)
+        gu = _dense(_rms_norm(x, ln2[l], eps), gu_w[l], None, True, max_rows, rows).chunk(2, -1)   # [Np, I] each
+        x = x + _dense(torch.nn.functional.silu(gu[0]) * gu[1], down_w[l], None, True, max_rows, rows)
     return x
