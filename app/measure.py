@@ -20,7 +20,7 @@ from scipy.stats import chi2_contingency
 
 from specdec_core import InputError, SamplingParams, drafters
 from specdec_core.bench.sweeps import NOISY
-from specdec_core.bench.workloads import WORKLOADS
+from specdec_core.bench.workloads import WORKLOADS, benefit
 
 from . import runs, turns
 from .runs import Settings, UserError
@@ -288,14 +288,9 @@ def table(df: pd.DataFrame, name: str, note: str = "", main: list[str] | None = 
 
 
 def verdict(speedup: float) -> str:
-    """The measured benefit in the lesson's words (thresholds stated on the workloads page)."""
-    if speedup >= 1.5:
-        return "High"
-    if speedup >= 1.15:
-        return "Moderate"
-    if speedup >= 1.0:
-        return "Low"
-    return "Negative"
+    """The measured benefit in the lesson's words (bench.workloads.benefit; thresholds stated on the workloads
+    page)."""
+    return benefit(speedup)
 
 
 def two_sample(a: dict, b: dict, seed: int = 0, shuffles: int = 1000) -> dict:

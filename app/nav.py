@@ -33,6 +33,8 @@ PAGES = (
          url_path="production"),
     Page(ROOT / "pages" / "workloads.py", "Workloads", ":material/table_chart:", url_path="workloads",
          section="Measure"),
+    Page(ROOT / "pages" / "drafters.py", "All drafters, one prompt", ":material/compare_arrows:",
+         url_path="drafters", section="Measure"),
     Page(ROOT / "pages" / "temperature.py", "Temperature", ":material/thermostat:", url_path="temperature",
          section="Measure"),
     Page(ROOT / "pages" / "batch.py", "Batch size", ":material/stacks:", url_path="batch", section="Measure"),

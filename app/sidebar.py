@@ -6,11 +6,12 @@ from __future__ import annotations
 import streamlit as st
 
 from specdec_core import drafters
+from specdec_core.drafters import distilled
 from specdec_core.sampling import MAX_TEMPERATURE
 from specdec_core.bench.workloads import WORKLOADS
 
 from . import limits
-from .runs import BUNDLED, FORWARDS, MODEL_DRAFTS, Settings
+from .runs import BUNDLED, DISTILLED, FORWARDS, MODEL_DRAFTS, Settings
 
 CUSTOM = "custom"
 # batch serving is a throughput story; a one-request demo cannot show it
@@ -23,7 +24,9 @@ FALLBACK_PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. 
 # code) must also keep, since a widget given a value outside its range silently falls back to its minimum
 BOUNDS = {"k": (1, 12), "temperature": (0.0, min(2.0, MAX_TEMPERATURE)), "top_p": (0.05, 1.0),
           "seed": (0, 2**31 - 1), "max_new_tokens": (1, 512)}
-DEFAULTS = dict(drafter="lookup", draft_model=BUNDLED, k=4, top_p=1.0, seed=0, max_new_tokens=48,
+# the draft model the `draft` drafter starts on: the small one distilled for the bundled target where it ships
+# (the target drafting for itself accepts everything at T = 0 and is slower than plain decoding)
+DEFAULTS = dict(drafter="lookup", draft_model=DISTILLED if distilled.shipped() else BUNDLED, k=4, top_p=1.0, seed=0, max_new_tokens=48,
                 workload=DEFAULT_WORKLOAD, example=0, forward="ours", k_policy="fixed", draft_sampling="sample")
 K_POLICIES = {"fixed": "fixed k", "schedule": "schedule (adaptive)", "confidence": "stop when unsure"}
 DRAFTING = {"sample": "sampled", "greedy": "greedy"}
@@ -125,8 +128,9 @@ def build() -> Settings:
                  format_func=lambda n: f"{n}: plain decoding" if n == "none" else n)
     sb.caption(drafters.DESCRIPTIONS.get(ss.drafter, ""))
     sb.text_input("Draft model", key="draft_model", disabled=ss.drafter != "draft",
-                  help="For the `draft` drafter: `bundled` lets the target draft for itself (at temperature 0 "
-                       "every draft is accepted); `distilled` uses the small draft trained for it, where shipped; "
+                  help="For the `draft` drafter: `distilled` (the default where it ships) uses the small draft "
+                       "trained for the bundled target; `bundled` lets the target draft for itself (at "
+                       "temperature 0 every draft is accepted, and every draft costs a full target pass); "
                        "or a local model directory / hub id with the same vocabulary. This server lets a visitor "
                        f"load: {limits.described()} (setting `{limits.ENV_MODELS}`).")
     if ss.drafter == "draft":

@@ -6,13 +6,21 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import limits, measure, sidebar
-from specdec_core.bench import sweeps
+from specdec_core.bench import reference, showcase, sweeps
 from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_workloads"
 BATCH_SIZES = [4, 8, 16, 32, 64]
 measure.settle(KEY, wl_which=list(WORKLOADS), wl_prompts=3, wl_max_new=32, wl_own=True,
                wl_batch=WORKLOADS["batch"].batch_size if "batch" in WORKLOADS else 32)
+
+
+
+def drafter(name: str) -> str:
+    """A workload's own drafter as the page names it (a draft model's name in brackets)."""
+    w = WORKLOADS[name]
+    return f"draft ({w.draft_model})" if w.drafter == "draft" else w.drafter
+
 
 st.title("Workloads: where does speculation pay?")
 st.markdown(
@@ -23,19 +31,21 @@ st.markdown(
     "on: acceptance rate, time to first token (TTFT), time per output token (TPOT) and throughput.")
 
 s = sidebar.current()
+ref = reference.load()
 c1, c2 = st.columns([3, 2])
 with c1:
     own = st.toggle("Each workload with the drafter that shows its effect best", key="wl_own",
-                    help="Code and JSON: the distilled draft model (the fastest there, measured); extraction and "
-                         "batch serving: prompt lookup; chat and creative writing: EAGLE (the most tokens per step "
-                         "on fresh chat and creative prompts; a model draft shows what hot sampling does to "
-                         "acceptance). Off: every workload with the drafters you pick.")
+                    help="Chosen by measurement and kept with the workloads (bench/workloads.py): code and JSON with "
+                         "the distilled draft model, extraction and chat with prompt lookup (chat's answers reuse "
+                         "the question's words), creative writing with the draft model at its hot temperature, "
+                         "batch serving with prompt lookup over one large batch. Off: every workload with the "
+                         "drafters you pick (and the sidebar's draft model).")
     names = measure.pick_drafters("wl_drafters") if not own else []
-    which = st.multiselect("Workloads", list(WORKLOADS), key="wl_which",
-                           format_func=lambda n: WORKLOADS[n].label)
+    which = st.multiselect("Workloads", list(WORKLOADS), key="wl_which", format_func=str.capitalize,
+                           help="; ".join(f"{n}: {w.label}" for n, w in WORKLOADS.items()))
     if own:
         names = list(dict.fromkeys(WORKLOADS[n].drafter for n in WORKLOADS if n in which))
-        st.caption("Drafters: " + "; ".join(f"{WORKLOADS[n].name} → `{WORKLOADS[n].drafter}`" for n in which))
+        st.caption("Drafters: " + "; ".join(f"{n} → `{drafter(n)}`" for n in which))
 with c2:
     most = max(len(w.prompts) for w in WORKLOADS.values() if w.batch_size == 1)
     n_prompts = st.slider("Prompts per workload", 1, most, key="wl_prompts",
@@ -57,14 +67,23 @@ st.caption(f"Sidebar settings used: k = {s.k}, top-p {s.top_p:g}, seed {s.seed}.
 
 def figure(rows: list[dict]) -> go.Figure:
     fig = go.Figure()
+    refs = reference.rows_by(ref, "workloads", "workload")
+    if refs:   # the recorded run, faint, first so the live bars draw over the same slots
+        rr = [refs[n] for n in which if n in refs]
+        fig.add_bar(x=[r["workload"] for r in rr], y=[r["speedup"] for r in rr], name=reference.label(ref),
+                    marker=dict(color="rgba(96,125,139,0.22)", line=dict(color="rgba(96,125,139,0.6)", width=1)),
+                    text=[f"{r['speedup']:.2f}×" for r in rr], textposition="outside", textfont=dict(color="#90a4ae"),
+                    customdata=[r["drafter"] for r in rr], cliponaxis=False,
+                    hovertemplate="%{x} with %{customdata}: %{y:.2f}×<extra>reference</extra>")
     for d in dict.fromkeys(r["Drafter"] for r in rows):
         rs = [r for r in rows if r["Drafter"] == d]
-        fig.add_bar(x=[r["name"] for r in rs], y=[r["Speedup"] for r in rs], name=d,
-                    marker_color=measure.color(d), cliponaxis=False,
+        fig.add_bar(x=[r["name"] for r in rs], y=[r["Speedup"] for r in rs], name=d if not own else "measured now",
+                    marker_color=measure.color(d) if not own else "#1565c0", cliponaxis=False,
                     text=[f"{r['Speedup']:.2f}×" + (" noisy: rerun" if r["Noisy"] else "") for r in rs],
                     textposition="outside", error_y=measure.speed_error([r["point"] for r in rs]),
-                    customdata=[[r["Workload"], r["Acceptance rate"]] for r in rs],
-                    hovertemplate="%{customdata[0]}: %{y:.2f}×, acceptance %{customdata[1]:.0%}<extra>" + d + "</extra>")
+                    customdata=[[r["Drafter"], r["Acceptance rate"]] for r in rs],
+                    hovertemplate="%{x} with %{customdata[0]}: %{y:.2f}×, acceptance %{customdata[1]:.0%}"
+                                  "<extra></extra>")
     fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c")
     fig.update_xaxes(categoryorder="array", categoryarray=which, tickvals=which,
                      ticktext=[f"<b>{n}</b><br>lesson: {WORKLOADS[n].expected}" for n in which])
@@ -72,51 +91,38 @@ def figure(rows: list[dict]) -> go.Figure:
     return measure.layout(fig, 460, barmode="group", title="Measured speedup per workload")
 
 
-def row(name: str, who: str, p: dict, n: int) -> dict:
-    w = WORKLOADS[name]
-    return {"name": name, "Workload": w.label, "Drafter": who, "Temperature": w.temperature,
-            "Requests": n, "Decoded": "one at a time" if w.batch_size == 1 else "as one batch",
-            "Expected benefit (lesson)": w.expected, "Measured benefit": measure.verdict(p["speedup"]),
-            "Speedup": p["speedup"], "Acceptance rate": p["acceptance_rate"],
-            "Mean acceptance length": p["mean_acceptance_length"],
-            "TTFT plain (ms)": p["baseline_ttft_ms"], "TTFT spec (ms)": p["ttft_ms"],
-            "TPOT plain (ms)": p["baseline_tpot_ms"], "TPOT spec (ms)": p["tpot_ms"],
-            "Throughput plain (tok/s)": p["baseline_tokens_per_s"], "Throughput spec (tok/s)": p["tokens_per_s"],
-            "Speedup min": p["speedup_min"], "Speedup max": p["speedup_max"], "Noisy": p["noisy"],
-            "Acceptance 95% low": p["acceptance_lo"], "Acceptance 95% high": p["acceptance_hi"],
-            "Drafted": p["drafted"], "Identical outputs": f"{p['identical_outputs']} of {p['prompts']}",
-            "point": {k: p[k] for k in ("speedup", "speedup_min", "speedup_max", "noisy", "baseline_spread",
+def row(r: dict) -> dict:
+    """A showcase.workload_rows row as the table shows it."""
+    who = f"draft ({r['draft_model'] or s.draft_model})" if r["drafter"] == "draft" else r["drafter"]
+    rf = reference.rows_by(ref, "workloads", "workload").get(r["workload"], {})
+    return {"name": r["workload"], "Workload": WORKLOADS[r["workload"]].label, "Drafter": who,
+            "Temperature": r["temperature"], "Requests": r["requests"], "Decoded": r["decoded"],
+            "Expected benefit (lesson)": r["expected"], "Measured benefit": r["benefit"],
+            "Lands": "yes" if r["lands"] else "no", "Why it differs (measured)": r["why"],
+            "Speedup": r["speedup"], "Reference speedup": rf.get("speedup"),
+            "Acceptance rate": r["acceptance_rate"], "Tokens per step": r["mean_acceptance_length"],
+            "Draft ms/step": r.get("draft_ms"), "Verify ms/step": r.get("score_ms"),
+            "Other ms/step": (r["verify_ms"] + r["commit_ms"] + r["bookkeeping_ms"]) if "draft_ms" in r else None,
+            "Step ms": r.get("step_ms"), "Plain step ms": r.get("plain_step_ms"),
+            "TTFT plain (ms)": r["baseline_ttft_ms"], "TTFT spec (ms)": r["ttft_ms"],
+            "TPOT plain (ms)": r["baseline_tpot_ms"], "TPOT spec (ms)": r["tpot_ms"],
+            "Throughput plain (tok/s)": r["baseline_tokens_per_s"], "Throughput spec (tok/s)": r["tokens_per_s"],
+            "Speedup min": r["speedup_min"], "Speedup max": r["speedup_max"], "Noisy": r["noisy"],
+            "Acceptance 95% low": r["acceptance_lo"], "Acceptance 95% high": r["acceptance_hi"],
+            "Drafted": r["drafted"], "Identical outputs": f"{r['identical_outputs']} of {r['prompts']}",
+            "point": {k: r[k] for k in ("speedup", "speedup_min", "speedup_max", "noisy", "baseline_spread",
                                         "repeats")}}
 
 
-def mine(name: str, specs: list) -> list:
-    """The drafters this workload is measured with."""
-    return [(n, lm) for n, lm in specs if n == WORKLOADS[name].drafter] if own else specs
-
-
-def points(tgt, all_specs, live):
-    for name in which:
-        w = WORKLOADS[name]
-        specs = mine(name, all_specs)
-        if not specs:
-            continue
-        sp = measure.sampling(w.temperature, s)
-        if w.batch_size > 1:   # one large batch through batch.py, the way a server batches requests
-            ids = measure.encode(tgt, w.prompts)
-            rows = [ids[i % len(ids)] for i in range(batch)]
-            out = sweeps.batch_point(tgt, rows, sp, s.k, max_new, specs, live.tick)
-            for n, _ in specs:
-                yield row(name, measure.label(n, s), out[n], batch)
-        else:
-            ids = measure.encode(tgt, w.prompts[:n_prompts])
-            pair = sweeps.side_by_side(tgt, ids, sp, s.k, max_new, specs, lambda what: live.tick(f"{name}, {what}"))
-            for n, _ in specs:
-                yield row(name, measure.label(n, s), sweeps.point(pair, n), len(ids))
+def points(tgt, specs, live):
+    for r in showcase.workload_rows(tgt, which, n_prompts, max_new, s.k, s.top_p, s.seed, batch,
+                                    None if own else specs, live.tick):
+        yield row(r)
 
 
 def total(specs) -> int:
     runs_per = [1 if WORKLOADS[n].batch_size > 1 else min(n_prompts, len(WORKLOADS[n].prompts)) for n in which]
-    return sum((1 + len(mine(n, specs))) * r for n, r in zip(which, runs_per)) * sweeps.REPEATS
+    return sum((1 + (1 if own else len(specs))) * r for r in runs_per) * sweeps.REPEATS
 
 
 def measure_all() -> None:
@@ -124,37 +130,43 @@ def measure_all() -> None:
 
 
 res = measure.results(KEY, params, go_clicked, measure_all,
-                      "Pick drafters and press **Measure the workloads**. With the defaults this takes well under a "
+                      "Pick drafters and press **Measure the workloads**. With the defaults this takes about a "
                       "minute on a laptop CPU.")
 
 measure.noise_note([r["point"] for r in res.rows])
 st.plotly_chart(figure(res.rows), key="wl_chart", width="stretch")
+if ref:
+    m = ref["machine"]
+    st.caption(f"Faint bars: {reference.label(ref)} ({m.get('cores')} cores, {', '.join(m.get('flags', [])) or 'no '
+               f'bf16/AMX flags'}; load average then {m.get('load_average', ['?'])[0]}), each workload with its own "
+               f"drafter, made by `{ref['command']}`. A recorded run, not this machine now.")
 df = pd.DataFrame(res.rows)
 best = df.loc[df["Speedup"].idxmax()]
 worst = df.loc[df["Speedup"].idxmin()]
-agree = sum(m.lower() in e.lower() for m, e in zip(df["Measured benefit"], df["Expected benefit (lesson)"]))
+agree = int((df["Lands"] == "yes").sum())
 st.markdown(
     f"**What we measured.** The best case was **{best['Workload']}** with `{best['Drafter']}` at "
     f"**{best['Speedup']:.2f}×** (acceptance {best['Acceptance rate']:.0%}); the worst was "
     f"**{worst['Workload']}** with `{worst['Drafter']}` at **{worst['Speedup']:.2f}×**. "
-    f"{agree} of {len(df)} rows land in the lesson's own category.")
+    f"**{agree} of {len(df)} rows land in the lesson's own category.**")
+for _, r in df[df["Lands"] == "no"].iterrows():
+    st.markdown(f"- **{r['name']}** with `{r['Drafter']}`, {r['Speedup']:.2f}× ({r['Measured benefit']}): "
+                f"{r['Why it differs (measured)']}.")
+st.markdown("**Where the time went**, per row: the draft's ms and the verify pass's ms in one speculative step, "
+            "against one plain step (a batch row: one whole batch step). Speedup ≈ tokens per step × plain step "
+            "ms / step ms, so good acceptance loses when the step costs more than the tokens it adds.")
+times = df[["Workload", "Drafter", "Acceptance rate", "Tokens per step", "Draft ms/step", "Verify ms/step",
+            "Other ms/step", "Step ms", "Plain step ms", "Speedup"]]
+st.dataframe(times.round(3), hide_index=True, width="stretch")
 st.markdown(
     "**How to read it.** Speedup is tokens per second with speculation divided by tokens per second without, "
     "for the same prompts and settings; the dashed line is 1×, no gain, and a bar below it means speculation made "
     "decoding slower. *Measured benefit* names it in the lesson's words: High ≥ 1.5×, "
-    "Moderate 1.15–1.5×, Low 1–1.15×, Negative below 1× (speculation made it slower). A low acceptance rate is "
-    "not a failure: it is the workload telling you it is not predictable enough to draft.")
-st.markdown(
-    "**Why this machine may disagree with the lesson.** The lesson reasons about a GPU, where one decode step is "
-    "slow because the weights must be read from memory, so checking several tokens costs about as much as "
-    "making one. On this CPU a forward pass also has a large fixed cost (per-call overhead), so verifying k "
-    "drafts is again nearly free and the same ordering can appear; but a few prompts with short answers give "
-    "noisy numbers, and other programs running on the machine move them. Batch serving differs most: on a GPU "
-    "a large batch already uses the spare arithmetic speculation would need; here the batch pays for the "
-    "longest draft in every row (acceptance is ragged, rows are padded) and for every rejected position, so "
-    "verification competes with the other requests. Prompt lookup drafts only when the text repeats, which is "
-    "why it does best where the answer copies the prompt.")
+    "Moderate 1.15–1.5×, Low 1–1.15×, Negative below 1× (speculation made it slower). Creative writing and batch "
+    "serving land when Low or Negative: the lesson says of both that the overhead can exceed the win. A low "
+    "acceptance rate is not a failure: it is the workload telling you it is not predictable enough to draft.")
 num = df.select_dtypes("number").columns
-MAIN = ["Workload", "Drafter", "Expected benefit (lesson)", "Measured benefit", "Speedup", "Speedup min", "Speedup max",
-        "Noisy", "Acceptance rate", "Mean acceptance length", "Identical outputs"]
+MAIN = ["Workload", "Drafter", "Expected benefit (lesson)", "Measured benefit", "Lands", "Speedup",
+        "Reference speedup", "Speedup min", "Speedup max", "Noisy", "Acceptance rate", "Tokens per step",
+        "Identical outputs", "Why it differs (measured)"]
 measure.table(df.drop(columns=["name", "point"]).round({c: 3 for c in num}), "workloads", main=MAIN)

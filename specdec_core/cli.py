@@ -1,4 +1,4 @@
-"""Command line: generate, bench, bench-forward, profile, sweep, check, train. `python -m specdec_core --help`.
+"""Command line: generate, bench, bench-forward, profile, sweep, check, reference, train. `python -m specdec_core --help`.
 
 generate prints the text (or, with --json, one JSON object as the last stdout line); bench decodes every prompt
 of a JSONL file with the baseline and each drafter side by side in one process and reports speedups (with
@@ -6,7 +6,8 @@ of a JSONL file with the baseline and each drafter side by side in one process a
 check runs the production checklist against live OpenAI-compatible servers;
 bench-forward times our forward against transformers' (per forward, and greedy tokens/s); profile splits each
 drafter's step time into its phases and sets Leviathan et al.'s predicted speedup beside the measured one; sweep
-moves one of temperature, batch size or k; train trains a draft source for the bundled target.
+moves one of temperature, batch size or k; reference records the run the pages draw beside their live
+measurements; train trains a draft source for the bundled target.
 """
 from __future__ import annotations
 
@@ -132,6 +133,17 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--csv", default=None, help="write one row per prompt and repeat as CSV here")
     c.add_argument("--json", action="store_true", help="one JSON object per prompt, then the verdict")
     _repeats(c)
+    r = sub.add_parser("reference", help="record the reference run the pages draw beside their live measurements: "
+                                         "every workload with its own drafter, and every drafter on one prompt")
+    r.add_argument("--out", default=None, help="write it here (default: the reference shipped with the app)")
+    r.add_argument("--workload", action="append", default=None, help="repeatable (default: all six)")
+    r.add_argument("--per-workload", type=int, default=3, help="prompts per workload (default 3, the page's)")
+    r.add_argument("--batch", type=int, default=32, help="rows of the batch-serving workload's batch (default 32)")
+    r.add_argument("--prompt", default=None,
+                   help="the every-drafter prompt (default: the app's default prompt, the first extraction one)")
+    _repeats(r)
+    _common(r)
+    r.set_defaults(k=4, max_new_tokens=32)   # the Workloads page's defaults
     t = sub.add_parser("train", help="train a draft source for the bundled target", add_help=False)
     t.add_argument("kind", choices=["draft", "early-exit", "medusa", "eagle"])
     return ap
@@ -388,6 +400,45 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_reference(args) -> int:
+    """Measure and save the reference run (bench/reference.py): the workloads, then every drafter on one prompt."""
+    import shlex
+    from tqdm import tqdm
+    from .bench import reference, showcase
+    from .bench.workloads import WORKLOADS
+    names = args.workload or list(WORKLOADS)
+    bad = [n for n in names if n not in WORKLOADS]
+    if bad:
+        raise InputError(f"--workload {', '.join(bad)}: choose from {', '.join(WORKLOADS)}")
+    if args.per_workload < 1 or args.batch < 1:
+        raise InputError("--per-workload and --batch must be at least 1")
+    prompt = args.prompt or WORKLOADS["extraction"].prompts[0]
+    sp = _check_early(args)
+    target, draft_lm = _models(args)
+    bar = tqdm(desc="reference", file=sys.stderr)
+    tick = lambda _: bar.update()
+    rows = []
+    for r in showcase.workload_rows(target, names, args.per_workload, args.max_new_tokens, args.k, args.top_p,
+                                    args.seed, args.batch, tick=tick, repeats=args.repeats):
+        rows.append(r)
+        print(f"{r['workload']:>10} {r['drafter']:>10}  {r['speedup']:.2f}x ({r['speedup_min']:.2f}-"
+              f"{r['speedup_max']:.2f})  {r['benefit']:<8} lesson {r['expected']:<22} "
+              f"{'lands' if r['lands'] else 'differs: ' + r['why']}", file=sys.stderr)
+    specs, notes = showcase.buildable(target, [n for n in NAMES if n != "none"], draft_lm)
+    every = showcase.every(target, specs, target.encode(prompt, raw=args.raw).tolist(), sp, args.max_new_tokens,
+                           None, tick, args.repeats)
+    bar.close()
+    settings = {"k": args.k, "max_new_tokens": args.max_new_tokens, "per_workload": args.per_workload,
+                "batch": args.batch, "repeats": args.repeats or REPEATS, "seed": args.seed, "top_p": args.top_p,
+                "temperature (every drafter)": sp.temperature}
+    ref = reference.record(rows, every, prompt, settings, "python -m specdec_core " + shlex.join(args.argv),
+                           _model_info(target), notes)
+    path = reference.save(ref, args.out or reference.PATH)
+    print(f"{sum(r['lands'] for r in rows)} of {len(rows)} workloads land in the lesson's category; "
+          f"{reference.label(ref)}, load average {ref['machine']['load_average']}; written to {path}")
+    return 0
+
+
 def _threads() -> int:
     import torch
     return torch.get_num_threads()
@@ -536,9 +587,11 @@ def main(argv: list[str] | None = None) -> int:
         from .training import main as train_main
         return train_main(args.kind, rest)
     args = parser().parse_args(argv)
+    args.argv = list(argv)   # the exact command, for what records it (reference)
     try:
         return {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "check": cmd_check,
-                "bench-forward": cmd_bench_forward, "profile": cmd_profile}[args.cmd](args)
+                "bench-forward": cmd_bench_forward, "profile": cmd_profile,
+                "reference": cmd_reference}[args.cmd](args)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -69,6 +69,28 @@ def phase_ms(steps: list[tuple[StepRecord, float]]) -> dict:
     return out
 
 
+def cost(st: list[tuple[StepRecord, float]], plain_ms: float) -> tuple[float, float]:
+    """(c, median score ms) of steady steps: c is the draft's ms per drafted position over a one-token target
+    step (`plain_ms`); the score pass is the median over steps that scored drafts (all steps when none did)."""
+    positions = sum(depth(r) for r, _ in st)
+    c = (1e3 * sum(r.t_draft for r, _ in st) / positions / plain_ms) if positions and plain_ms else 0.0
+    spec = [r for r, _ in st if r.k] or [r for r, _ in st]
+    return c, 1e3 * statistics.median(r.t_score for r in spec)
+
+
+def split(runs: list[list[StepRecord]], plain: list[list[StepRecord]]) -> dict:
+    """Where a speculative step's time went, against a plain step: mean ms per step in each phase of `runs`
+    (steady()), plain decoding's mean step ms and median score ms (`plain`, the one-token target step), the
+    draft's cost c and the score pass as a multiple of a plain one (score_x)."""
+    st, base = steady(runs), steady(plain)
+    if not st or not base:
+        raise ValueError("split needs at least one step of each")
+    plain_ms = 1e3 * statistics.median(r.t_score for r, _ in base)
+    c, score_ms = cost(st, plain_ms)
+    return {**phase_ms(st), "plain_step_ms": phase_ms(base)["step_ms"], "plain_score_ms": plain_ms,
+            "score_median_ms": score_ms, "c": c, "score_x": score_ms / plain_ms if plain_ms else 0.0}
+
+
 def row(name: str, k: int, runs: list[tuple], plain_ms: float, plain_step_ms: float, timing: dict,
         same: bool | None) -> dict:
     """One drafter's profile from its runs (ids, records, metrics), against plain decoding's median score ms
@@ -83,8 +105,7 @@ def row(name: str, k: int, runs: list[tuple], plain_ms: float, plain_step_ms: fl
     spec = [(r, w) for r, w in st if r.k]                 # steps whose forward scored drafts
     kinds = {scored(r)[0] for r, _ in spec}
     positions = sum(depth(r) for r, _ in st)
-    c = (1e3 * sum(r.t_draft for r, _ in st) / positions / plain_ms) if positions and plain_ms else 0.0
-    score_ms = 1e3 * statistics.median(r.t_score for r, _ in (spec or st))
+    c, score_ms = cost(st, plain_ms)
     alpha = accepted / judged if judged else 0.0
     tps = tokens / len(every)
     return {"drafter": name, "k": k, "runs": len(runs), "steps": len(every), "tokens": tokens,
@@ -93,7 +114,7 @@ def row(name: str, k: int, runs: list[tuple], plain_ms: float, plain_step_ms: fl
             "draft_positions_per_step": positions / len(st),
             "scored": "tree" if "tree" in kinds else "chain",
             "scored_tokens": statistics.fmean(scored(r)[1] for r, _ in spec) if spec else 1.0,
-            **ph, "score_median_ms": score_ms, "plain_score_ms": plain_ms,
+            **ph, "score_median_ms": score_ms, "plain_score_ms": plain_ms, "plain_step_ms": plain_step_ms,
             "c": c, "score_x": score_ms / plain_ms if plain_ms else 0.0,
             "predicted_speedup": expected_speedup(alpha, k, c),
             "cost_model_speedup": tps * plain_step_ms / ph["step_ms"] if ph["step_ms"] else 0.0,

@@ -169,6 +169,7 @@ def batch_point(tgt: LM, rows: list[list[int]], sp: SamplingParams, k: int | Non
                 "tpot_ms": 1e3 * (sec - first) / (per_row - 1) if per_row > 1 else 0.0,
                 "drafted": sum(sum(s.drafted) for s in res.steps), "accepted": sum(sum(s.accepted) for s in res.steps),
                 "row_steps": sum(s.active for s in res.steps), "target_forwards": res.steps[-1].target_forwards,
+                "step_ms": 1e3 * (sec - first) / (len(res.steps) - 1) if len(res.steps) > 1 else 1e3 * sec,
                 "ids": res.tokens}
     got = {n: [] for n in ["none"] + [n for n, _ in specs]}
     for _, spr, order in rounds(sp, repeats, [("none", None)] + list(specs)):
@@ -179,7 +180,8 @@ def batch_point(tgt: LM, rows: list[list[int]], sp: SamplingParams, k: int | Non
     for n, _ in specs:
         s = got[n][0]
         timing = ratios([x["tokens_per_s"] for x in got[n]], [x["tokens_per_s"] for x in got["none"]])
-        out[n] = compare(s, b, s["row_steps"], sum(x == y for x, y in zip(b["ids"], s["ids"])), len(rows), timing)
+        out[n] = {**compare(s, b, s["row_steps"], sum(x == y for x, y in zip(b["ids"], s["ids"])), len(rows), timing),
+                  "step_ms": s["step_ms"], "plain_step_ms": b["step_ms"]}   # one batch step's wall time, prefill out
     return out
 
 

@@ -22,6 +22,24 @@ class Workload:
     prompts: tuple[str, ...]
     batch_size: int = 1
     drafter: str = "lookup"   # the drafter that shows this workload's effect best (measured; README)
+    draft_model: str = "distilled"   # for drafter `draft`: the shipped distilled draft, or "bundled"
+    lands: tuple[str, ...] = ()      # measured benefits (benefit()) that agree with the lesson; () = `expected`
+    draft_sampling: str = "sample"   # how a model draft picks its guesses at T > 0 (sampling.SamplingParams)
+
+    def agrees(self, measured: str) -> bool:
+        """Whether a measured benefit (benefit()) lands in the lesson's category for this workload."""
+        return measured in (self.lands or (self.expected,))
+
+
+def benefit(speedup: float) -> str:
+    """A measured speedup in the lesson's words: High >= 1.5x, Moderate 1.15-1.5x, Low 1-1.15x, Negative < 1x."""
+    if speedup >= 1.5:
+        return "High"
+    if speedup >= 1.15:
+        return "Moderate"
+    if speedup >= 1.0:
+        return "Low"
+    return "Negative"
 
 
 def _load(name: str) -> tuple[str, ...]:
@@ -61,11 +79,12 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              0.0, _load("extraction"), drafter="lookup"),
     Workload("chat", "Low-temperature factual chat", "Moderate",
              "peaked distributions keep acceptance decent, but prose forks more often than code",
-             0.3, _load("chat"), drafter="eagle"),
+             0.3, _load("chat"), drafter="lookup"),
     Workload("creative", "High-temperature creative writing", "Low",
              "hot sampling flattens both distributions, so drafts rarely match what the target samples",
-             1.2, _load("creative"), drafter="eagle"),
+             1.2, _load("creative"), drafter="draft", lands=("Low", "Negative")),
     Workload("batch", "Throughput-saturated batch serving", "Low, possibly negative",
              "a full batch already spends the idle compute speculation would use, so verification competes "
-             "with other requests", 0.0, _load("chat") + _load("code"), batch_size=32, drafter="lookup"),
+             "with other requests", 0.0, _load("chat") + _load("code"), batch_size=32, drafter="lookup",
+             lands=("Low", "Negative")),
 ]}

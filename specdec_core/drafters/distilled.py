@@ -82,9 +82,13 @@ def save(m, folder: Path, vocab: DraftVocab | None, meta: dict) -> Path:
     return path
 
 
+def shipped(folder: Path | None = None) -> bool:
+    """Whether the distilled draft's weights ship (they fit only the bundled target)."""
+    return (Path(folder or WEIGHTS) / "draft.safetensors").exists()
+
+
 def available(target: LM, folder: Path | None = None) -> bool:
-    folder = Path(folder or WEIGHTS)
-    return target.name == BUNDLED_NAME and (folder / "draft.safetensors").exists()
+    return target.name == BUNDLED_NAME and shipped(folder)
 
 
 _LOADED: dict[tuple[int, str], tuple] = {}
