@@ -1,6 +1,8 @@
 """Workloads: the lesson's six kinds of traffic, each decoded with and without speculation, the lesson's expected
 benefit beside the measured one (the operator's checklist: acceptance rate, TTFT, TPOT, throughput, speedup).
 The batch-serving row decodes one large batch through batch.py; the others decode prompt by prompt."""
+from dataclasses import replace
+
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -126,7 +128,10 @@ def total(specs) -> int:
 
 
 def measure_all() -> None:
-    measure.measure(KEY, params, names, s, total, points, figure, "Measuring")
+    # each workload's own drafters are checked with its own draft model, not the sidebar's
+    mine = replace(s, draft_model=next((w.draft_model for w in WORKLOADS.values() if w.drafter == "draft"),
+                                       s.draft_model)) if own else s
+    measure.measure(KEY, params, names, mine, total, points, figure, "Measuring")
 
 
 res = measure.results(KEY, params, go_clicked, measure_all,
@@ -137,9 +142,10 @@ measure.noise_note([r["point"] for r in res.rows])
 st.plotly_chart(figure(res.rows), key="wl_chart", width="stretch")
 if ref:
     m = ref["machine"]
-    st.caption(f"Faint bars: {reference.label(ref)} ({m.get('cores')} cores, {', '.join(m.get('flags', [])) or 'no '
-               f'bf16/AMX flags'}; load average then {m.get('load_average', ['?'])[0]}), each workload with its own "
-               f"drafter, made by `{ref['command']}`. A recorded run, not this machine now.")
+    flags = ", ".join(m.get("flags", [])) or "no AVX-512 or AMX flags"
+    st.caption(f"Faint bars: {reference.label(ref)} ({m.get('cores')} cores, {flags}; load average then "
+               f"{m.get('load_average', ['?'])[0]}), each workload with its own drafter, made by "
+               f"`{ref['command']}`. A recorded run, not this machine now.")
 df = pd.DataFrame(res.rows)
 best = df.loc[df["Speedup"].idxmax()]
 worst = df.loc[df["Speedup"].idxmin()]

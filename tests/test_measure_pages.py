@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app import measure
 from app.measure import two_sample
+from specdec_core.bench import reference
 from specdec_core.bench.theory import expected_speedup
 from specdec_core.bench.workloads import WORKLOADS
 
@@ -55,7 +57,8 @@ def test_each_measure_page_renders_and_waits_for_its_button():
     at.run()
     for page, title, button in (("workloads", "Workloads", "wl_go"), ("temperature", "Temperature", "temp_go"),
                                 ("batch", "Batch size", "bs_go"), ("draft_length", "Draft length", "k_go"),
-                                ("contract", "Output contract", "ct_greedy_go")):
+                                ("contract", "Output contract", "ct_greedy_go"),
+                                ("drafters", "All drafters", "all_go")):
         at.switch_page(f"../pages/{page}.py").run()
         assert not at.exception, (page, at.exception)
         assert at.title[0].value.startswith(title)
@@ -64,7 +67,9 @@ def test_each_measure_page_renders_and_waits_for_its_button():
             assert at.toggle(key="wl_own").value and "extraction → `lookup`" in text(at)
         elif page == "temperature":                        # the drafter that shows the effect best
             assert at.multiselect[0].value == ["medusa"] and at.selectbox(key="temp_workload").value == "creative"
-        else:
+        elif page == "draft_length":                       # a drafter whose cost gives a best k inside the range
+            assert at.multiselect[0].value == ["draft"] and at.selectbox(key="k_workload").value == "code"
+        elif page != "drafters":
             assert at.multiselect[0].value == ["lookup"]   # default drafter
         assert not at.get("plotly_chart")                   # nothing measured until asked
     at.switch_page("../pages/batch.py").run()
@@ -87,7 +92,7 @@ def test_workloads_page_measures_each_row_and_keeps_it_across_reruns():
         assert r["Expected benefit (lesson)"] == WORKLOADS[w].expected
         assert r["Temperature"] == WORKLOADS[w].temperature
         assert r["Speedup"] == pytest.approx(r["Throughput spec (tok/s)"] / r["Throughput plain (tok/s)"])
-        assert 0.0 <= r["Acceptance rate"] <= 1.0 and r["Mean acceptance length"] >= 1.0
+        assert 0.0 <= r["Acceptance rate"] <= 1.0 and r["Tokens per step"] >= 1.0
         assert r["TTFT plain (ms)"] > 0 and r["TPOT spec (ms)"] > 0
     # prompt lookup on a copy-the-text prompt drafts and gets some drafts accepted
     assert ext["Acceptance rate"] > 0
@@ -101,6 +106,49 @@ def test_workloads_page_measures_each_row_and_keeps_it_across_reruns():
     # touching a control marks the result as out of date instead of dropping it
     at.slider(key="wl_prompts").set_value(2).run()
     assert "controls have changed" in text(at)
+
+
+def test_workloads_defaults_use_each_workloads_own_drafter_beside_the_reference():
+    at = open_page("workloads")
+    assert at.session_state["draft_model"] == "distilled"             # the sidebar's default draft model
+    assert at.multiselect(key="wl_which").value == list(WORKLOADS)     # all six on their defaults
+    assert "code → `draft (distilled)`" in text(at) and "json → `draft (distilled)`" in text(at)
+    for key, val in dict(wl_which=["code", "extraction"], wl_prompts=1, wl_max_new=8).items():
+        next(w for ws in (at.multiselect, at.slider, at.number_input) for w in ws if w.key == key).set_value(val)
+    at.run()
+    click(at, "wl_go")
+    res = at.session_state["measure_workloads"]
+    assert res.status == "done", res.error
+    assert [(r["name"], r["Drafter"]) for r in res.rows] == [("code", "draft (distilled)"), ("extraction", "lookup")]
+    for r in res.rows:                                                 # where the time went, per row
+        assert r["Step ms"] > 0 and r["Plain step ms"] > 0 and r["Verify ms/step"] > 0 and r["Draft ms/step"] >= 0
+        assert (r["Lands"] == "yes") == WORKLOADS[r["name"]].agrees(r["Measured benefit"])
+        assert (r["Why it differs (measured)"] == "") == (r["Lands"] == "yes")
+        assert r["Why it differs (measured)"] in text(at)
+    assert res.rows[0]["Draft ms/step"] > res.rows[1]["Draft ms/step"]   # a model draft costs more than copying
+    assert f"{sum(r['Lands'] == 'yes' for r in res.rows)} of 2 rows land" in text(at)
+    ref = reference.load()
+    label = reference.label(ref)                                       # drawn faintly and labelled
+    spec = at.get("plotly_chart")[0].proto.spec
+    assert label in spec and f"Faint bars: {label}" in text(at) and ref["command"] in text(at)
+    assert at.dataframe[0].value["Reference speedup"].notna().all()
+
+
+def test_all_drafters_page_one_row_per_drafter_same_tokens_at_t0():
+    at = open_page("drafters")
+    at.session_state["max_new_tokens"] = 8
+    at.run()
+    click(at, "all_go")
+    res = at.session_state["measure_drafters"]
+    assert res.status == "done", res.error
+    assert [r["drafter"] for r in res.rows] == ["none", *measure.SPEC]   # every drafter runs on the bundled model
+    for r in res.rows:
+        assert r["same_tokens_as_baseline"] is True and r["speedup_min"] <= r["speedup"] <= r["speedup_max"]
+        assert r["other_ms"] == pytest.approx(r["verify_ms"] + r["commit_ms"] + r["bookkeeping_ms"])
+    table = at.dataframe[0].value
+    assert list(table["Same tokens as plain"]) == ["yes"] * len(res.rows)
+    assert {"Draft ms/step", "Verify pass ms/step", "Plain step ms", "Reference speedup"} <= set(table.columns)
+    assert reference.label(reference.load()) in text(at) and len(at.get("plotly_chart")) == 1
 
 
 def test_temperature_page_one_point_per_temperature():
