@@ -13,6 +13,7 @@ from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_workloads"
 BATCH_SIZES = [4, 8, 16, 32, 64]
+SHORT = {"code": "Code", "json": "JSON", "extraction": "Extraction", "chat": "Chat", "creative": "Creative", "batch": "Batch"}
 measure.settle(KEY, wl_which=list(WORKLOADS), wl_prompts=3, wl_max_new=32, wl_own=True,
                wl_batch=WORKLOADS["batch"].batch_size if "batch" in WORKLOADS else 32)
 
@@ -43,7 +44,7 @@ with c1:
                          "batch serving with prompt lookup over one large batch. Off: every workload with the "
                          "drafters you pick (and the sidebar's draft model).")
     names = measure.pick_drafters("wl_drafters") if not own else []
-    which = st.multiselect("Workloads", list(WORKLOADS), key="wl_which", format_func=str.capitalize,
+    which = st.multiselect("Workloads", list(WORKLOADS), key="wl_which", format_func=lambda n: SHORT.get(n, n),
                            help="; ".join(f"{n}: {w.label}" for n, w in WORKLOADS.items()))
     if own:
         names = list(dict.fromkeys(WORKLOADS[n].drafter for n in WORKLOADS if n in which))
