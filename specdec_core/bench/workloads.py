@@ -21,7 +21,7 @@ class Workload:
     temperature: float  # the temperature this kind of traffic usually runs at
     prompts: tuple[str, ...]
     batch_size: int = 1
-    drafter: str = "lookup"   # the drafter that shows this workload's effect best (measured; README)
+    drafter: str = "lookup"   # the drafter that shows this workload's effect best (measured; docs/measurements.md)
     draft_model: str = "distilled"   # for drafter `draft`: the shipped distilled draft, or "bundled"
     lands: tuple[str, ...] = ()      # measured benefits (benefit()) that agree with the lesson; () = `expected`
     draft_sampling: str = "sample"   # how a model draft picks its guesses at T > 0 (sampling.SamplingParams)
