@@ -26,7 +26,8 @@ BOUNDS = {"k": (1, 12), "temperature": (0.0, min(2.0, MAX_TEMPERATURE)), "top_p"
           "seed": (0, 2**31 - 1), "max_new_tokens": (1, 512)}
 # the draft model the `draft` drafter starts on: the small one distilled for the bundled target where it ships
 # (the target drafting for itself accepts everything at T = 0 and is slower than plain decoding)
-DEFAULTS = dict(drafter="lookup", draft_model=DISTILLED if distilled.shipped() else BUNDLED, k=4, top_p=1.0, seed=0, max_new_tokens=48,
+DEFAULTS = dict(drafter="lookup", draft_model=DISTILLED if distilled.shipped() else BUNDLED, k=4, top_p=1.0, seed=0,
+                max_new_tokens=48,
                 workload=DEFAULT_WORKLOAD, example=0, forward="ours", k_policy="fixed", draft_sampling="sample")
 K_POLICIES = {"fixed": "fixed k", "schedule": "schedule (adaptive)", "confidence": "stop when unsure"}
 DRAFTING = {"sample": "sampled", "greedy": "greedy"}

@@ -45,7 +45,7 @@ def figure(rows: list[dict]) -> go.Figure:
     fig.add_bar(x=names, y=[r["speedup"] for r in rows], name="measured now", row=1, col=1,
                 marker_color=[measure.color(n) for n in names], error_y=measure.speed_error(rows),
                 text=[f"{r['speedup']:.2f}×" + (" noisy" if r["noisy"] else "") for r in rows],
-                textposition="outside", cliponaxis=False)
+                textposition="outside", cliponaxis=False, constraintext="none")
     fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c", row=1, col=1)
     base = [0.0] * len(rows)
     for key, lab, col in (("draft_ms", "draft", "#ef6c00"), ("score_ms", "verify pass", "#1565c0"),
@@ -83,8 +83,8 @@ measure.noise_note([r for r in res.rows if r["drafter"] != "none"])
 st.plotly_chart(figure(res.rows), key="all_chart", width="stretch")
 if ref:
     st.caption(f"Faint bars: {reference.label(ref)}, on "
-               + ("this same prompt" if SAME_PROMPT else f"the prompt “{ref['drafters'].get('prompt', '')[:70]}…”, "
-                                                         "not the sidebar's")
+               + ("this same prompt" if SAME_PROMPT else
+                  f"the prompt “{ref['drafters'].get('prompt', '')[:70]}…”, not the sidebar's")
                + f", made by `{ref['command']}`. A recorded run, not this machine now.")
 df = pd.DataFrame(res.rows)
 df["same"] = df["same_tokens_as_baseline"].map({True: "yes", False: "no", None: "sampled (T > 0)"})

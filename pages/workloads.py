@@ -13,7 +13,8 @@ from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_workloads"
 BATCH_SIZES = [4, 8, 16, 32, 64]
-SHORT = {"code": "Code", "json": "JSON", "extraction": "Extraction", "chat": "Chat", "creative": "Creative", "batch": "Batch"}
+SHORT = {"code": "Code", "json": "JSON", "extraction": "Extraction", "chat": "Chat", "creative": "Creative",
+         "batch": "Batch"}
 measure.settle(KEY, wl_which=list(WORKLOADS), wl_prompts=3, wl_max_new=32, wl_own=True,
                wl_batch=WORKLOADS["batch"].batch_size if "batch" in WORKLOADS else 32)
 
@@ -78,12 +79,15 @@ def figure(rows: list[dict]) -> go.Figure:
                     text=[f"{r['speedup']:.2f}×" for r in rr], textposition="outside", textfont=dict(color="#90a4ae"),
                     customdata=[r["drafter"] for r in rr], cliponaxis=False,
                     hovertemplate="%{x} with %{customdata}: %{y:.2f}×<extra>reference</extra>")
-    for d in dict.fromkeys(r["Drafter"] for r in rows):
-        rs = [r for r in rows if r["Drafter"] == d]
-        fig.add_bar(x=[r["name"] for r in rs], y=[r["Speedup"] for r in rs], name=d if not own else "measured now",
-                    marker_color=measure.color(d) if not own else "#1565c0", cliponaxis=False,
+    names = dict.fromkeys(r["Drafter"] for r in rows)
+    groups = [rows] if own else [[r for r in rows if r["Drafter"] == d] for d in names]
+    for rs in groups:   # each workload's own drafter: one bar per workload, coloured by its drafter
+        fig.add_bar(x=[r["name"] for r in rs], y=[r["Speedup"] for r in rs],
+                    name="measured now, each workload's own drafter" if own else rs[0]["Drafter"],
+                    marker_color=[measure.color(r["Drafter"]) for r in rs], cliponaxis=False,
                     text=[f"{r['Speedup']:.2f}×" + (" noisy: rerun" if r["Noisy"] else "") for r in rs],
-                    textposition="outside", error_y=measure.speed_error([r["point"] for r in rs]),
+                    textposition="outside", constraintext="none",
+                    error_y=measure.speed_error([r["point"] for r in rs]),
                     customdata=[[r["Drafter"], r["Acceptance rate"]] for r in rs],
                     hovertemplate="%{x} with %{customdata[0]}: %{y:.2f}×, acceptance %{customdata[1]:.0%}"
                                   "<extra></extra>")
@@ -169,7 +173,8 @@ st.markdown(
     "**How to read it.** Speedup is tokens per second with speculation divided by tokens per second without, "
     "for the same prompts and settings; the dashed line is 1×, no gain, and a bar below it means speculation made "
     "decoding slower. *Measured benefit* names it in the lesson's words: High ≥ 1.5×, "
-    "Moderate 1.15–1.5×, Low 1–1.15×, Negative below 1× (speculation made it slower). Creative writing and batch "
+    "Moderate 1.15–1.5×, Low 1–1.15×, Negative below 1× (speculation made it slower). Creative writing and "
+    "batch "
     "serving land when Low or Negative: the lesson says of both that the overhead can exceed the win. A low "
     "acceptance rate is not a failure: it is the workload telling you it is not predictable enough to draft.")
 num = df.select_dtypes("number").columns

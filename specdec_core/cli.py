@@ -1,4 +1,4 @@
-"""Command line: generate, bench, bench-forward, profile, sweep, check, reference, train. `python -m specdec_core --help`.
+"""Command line: generate, bench, bench-forward, profile, sweep, check, reference, train (`--help`).
 
 generate prints the text (or, with --json, one JSON object as the last stdout line); bench decodes every prompt
 of a JSONL file with the baseline and each drafter side by side in one process and reports speedups (with
