@@ -214,8 +214,9 @@ def gauge(accept: float, u: float | None) -> str:
     return g + "</div>"
 
 
-def verify_table(rec: StepRecord, f: Frame) -> str:
-    """One row per drafted position whose verdict is visible; the rest listed as waiting or not checked."""
+def verify_table(rec: StepRecord, f: Frame, greedy: bool = False) -> str:
+    """One row per drafted position whose verdict is visible; the rest listed as waiting or not checked. At
+    temperature 0 no u is drawn (the rule keeps exactly the target's top token; a u would decide nothing)."""
     rows = []
     for j, pos in enumerate(rec.positions[:f.shown]):
         if j < f.checked:
@@ -223,7 +224,7 @@ def verify_table(rec: StepRecord, f: Frame) -> str:
             rows.append(
                 f'<tr class="vrow vrow-{pos.verdict}"><td>{j + 1}</td><td>{chip(pos.piece, "tok-" + pos.verdict, position_title(pos, j), token=pos.token)}</td>'
                 f'<td>{pos.p:.3f}</td><td>{pos.q:.3f}</td><td><b>{pos.accept_prob:.3f}</b></td>'
-                f'<td style="width:38%">{gauge(pos.accept_prob, pos.u)}</td>'
+                f'<td style="width:38%">{gauge(pos.accept_prob, None if greedy else pos.u)}</td>'
                 f'<td class="verdict-{pos.verdict}">{verdict}</td></tr>')
         else:
             after = f.phase == RESULT or f.checked > rec.n_accepted
@@ -231,8 +232,9 @@ def verify_table(rec: StepRecord, f: Frame) -> str:
             cls = "tok-unchecked" if after else "tok-draft"
             rows.append(f'<tr class="vrow"><td>{j + 1}</td><td>{chip(pos.piece, cls, token=pos.token)}</td><td></td><td></td>'
                         f'<td></td><td></td><td class="verdict-unchecked">{label}</td></tr>')
+    keep = "keep if it is the target's top token (green)" if greedy else "keep if u falls in the green part"
     header = ("<tr><th>#</th><th>drafted</th><th>p(x) target</th><th>q(x) draft</th><th>min(1, p/q)</th>"
-              "<th>keep if u falls in the green part</th><th>verdict</th></tr>")
+              f"<th>{keep}</th><th>verdict</th></tr>")
     return f'<table class="vtable">{header}{"".join(rows)}</table>'
 
 
