@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from specdec_core.records import StepRecord, TreeNode, TreeView
 
 from .frames import DRAFT, RESULT, VERIFY, Frame
-from .view import BLUE, GREEN, GREY, ORANGE, P_COLOR, PURPLE, RED, _label, bars, chip, gauge, glyphs
+from .view import BLUE, GREEN, GREY, ORANGE, P_COLOR, PURPLE, RED, bars, chip, gauge, glyphs, token_label
 
 FADED = "#cfd8dc"
 KIND = {"resampled": ("resampled", ORANGE), "bonus": ("bonus", BLUE)}
@@ -101,7 +101,7 @@ def tree_figure(rec: StepRecord, f: Frame) -> go.Figure:
                 ys += [y0, y1, None]
         fig.add_scatter(x=xs, y=ys, mode="lines", line=dict(color=color, width=width), hoverinfo="skip",
                         showlegend=False)
-    fig.add_scatter(x=[0], y=[pos[0][1]], mode="markers+text", name="root", text=[_label(view.nodes[0].piece)],
+    fig.add_scatter(x=[0], y=[pos[0][1]], mode="markers+text", name="root", text=[token_label(view.nodes[0].piece)],
                     textposition="top center", marker=dict(size=18, color=GREY, symbol="square"),
                     hovertext=[f"root: the pending token “{glyphs(view.nodes[0].piece)}”, already committed"],
                     hoverinfo="text", showlegend=False)
@@ -109,7 +109,7 @@ def tree_figure(rec: StepRecord, f: Frame) -> go.Figure:
     vis = [st[n.index] != "hidden" for n in cand]
     fig.add_scatter(
         x=[pos[n.index][0] for n in cand], y=[pos[n.index][1] for n in cand], mode="markers+text", name="candidates",
-        text=[_label(n.piece) if v else "" for n, v in zip(cand, vis)], textposition="top center",
+        text=[token_label(n.piece) if v else "" for n, v in zip(cand, vis)], textposition="top center",
         textfont=dict(size=14), hovertext=[_hover(n) for n in cand], hoverinfo="text", showlegend=False,
         marker=dict(size=[24 if st[n.index] == "testing" else 18 for n in cand],
                     color=[COLOR.get(st[n.index], RED if n.trial and not n.trial.accepted else GREEN)
@@ -127,7 +127,7 @@ def tree_figure(rec: StepRecord, f: Frame) -> go.Figure:
         x, y = pos[last]
         fig.add_scatter(x=[x, x + 1], y=[y, y], mode="lines", line=dict(color=color, width=3, dash="dot"),
                         hoverinfo="skip", showlegend=False)
-        fig.add_scatter(x=[x + 1], y=[y], mode="markers+text", name=word, text=[_label(rec.final_piece)],
+        fig.add_scatter(x=[x + 1], y=[y], mode="markers+text", name=word, text=[token_label(rec.final_piece)],
                         textposition="top center", marker=dict(size=20, color=color, symbol="diamond"),
                         hovertext=[f"{word}: drawn by the target, probability {rec.committed[-1].p:.3f}"],
                         hoverinfo="text", showlegend=False)
@@ -148,7 +148,7 @@ def mask_figure(view: TreeView) -> go.Figure:
     on = {n.index for n in view.nodes if n.on_path}
     z = [[(2 if i in on and j in on else 1) if see else 0 for j, see in enumerate(row)]
          for i, row in enumerate(view.mask)]
-    names = [f"{n.index} {_label(n.piece)}" for n in view.nodes]
+    names = [f"{n.index} {token_label(n.piece)}" for n in view.nodes]
     fig = go.Figure(go.Heatmap(z=z, x=names, y=names, zmin=0, zmax=2, showscale=False, xgap=1, ygap=1,
                                colorscale=[[0, "#fafafa"], [0.5, "#ce93d8"], [1, "#81c784"]],
                                hovertemplate="row %{y} sees %{x}: %{z}<extra></extra>"))
@@ -164,21 +164,21 @@ def against(rec: StepRecord, n: TreeNode):
     sibling's rejection left."""
     prev = [m for m in rec.tree.tried() if m.parent == n.parent and m.trial.order < n.trial.order]
     if prev:
-        return f"residual after rejecting “{_label(prev[-1].piece)}”", prev[-1].trial.residual
+        return f"residual after rejecting “{token_label(prev[-1].piece)}”", prev[-1].trial.residual
     parent = rec.tree.nodes[n.parent]
     top = rec.positions[n.depth - 1].p_top if n.depth - 1 < len(rec.positions) else []
-    return f"p(· | “{_label(parent.piece)}”)", top
+    return f"p(· | “{token_label(parent.piece)}”)", top
 
 
 def trial_figure(rec: StepRecord, f: Frame) -> go.Figure:
     """The trial being shown: the distribution it was tested against, and after a rejection the residual the
     next sibling (or the final draw) gets."""
     n = rec.tree.tried()[f.checked - 1]
-    label, top = against(rec, n)
-    series = [(label, top, P_COLOR)]
+    what, top = against(rec, n)
+    series = [(what, top, P_COLOR)]
     if not n.trial.accepted and n.trial.residual:
         series.append(("residual after this rejection", n.trial.residual, ORANGE))
-    return bars(series, n.token, f"Trial {n.trial.order + 1}: “{_label(n.piece)}” against {label}")
+    return bars(series, n.token, f"Trial {n.trial.order + 1}: “{token_label(n.piece)}” against {what}")
 
 
 def trial_table(rec: StepRecord, f: Frame, greedy: bool) -> str:
@@ -191,7 +191,7 @@ def trial_table(rec: StepRecord, f: Frame, greedy: bool) -> str:
         vs = "p" if not prev else f"residual ({len(prev)} removed)"
         rows.append(f'<tr class="vrow vrow-{verdict} trow"><td>{t.order + 1}</td>'
                     f'<td>{chip(n.piece, "tok-" + verdict, token=n.token)}</td>'
-                    f'<td>after “{html.escape(_label(parent.piece))}”, choice #{n.rank + 1}</td><td>{vs}</td>'
+                    f'<td>after “{html.escape(token_label(parent.piece))}”, choice #{n.rank + 1}</td><td>{vs}</td>'
                     f'<td>{t.p:.3f}</td><td>{t.q:.3f}</td><td><b>{t.accept_prob:.3f}</b></td>'
                     f'<td style="width:28%">{gauge(t.accept_prob, None if greedy else t.u)}</td>'
                     f'<td class="verdict-{verdict}">{"✓" if t.accepted else "✗"} {verdict}</td></tr>')

@@ -254,7 +254,7 @@ def phase_pills(f: Frame) -> str:
         f'<span class="phase {"phase-on" if f.phase == ph else ""}">{label}</span>' for ph, label in names) + "</div>"
 
 
-def _label(piece: str) -> str:
+def token_label(piece: str) -> str:
     """A token as a chart label: every character visible (a space is ␣), template tokens named."""
     return f"template: {piece.strip().strip('<>|/')}" if is_template(piece) else glyphs(piece)
 
@@ -267,7 +267,7 @@ def bars(series: list[tuple[str, list[Candidate], str]], highlight: int | None =
             ids.setdefault(c.id, c.piece)
     best = {i: max((_find(top, i) or 0.0) for _, top, _ in series) for i in ids}
     order = sorted(ids, key=lambda i: best[i])[-10:]
-    labels = [("▶ " if i == highlight else "") + _label(ids[i]) + f"  #{i}" for i in order]
+    labels = [("▶ " if i == highlight else "") + token_label(ids[i]) + f"  #{i}" for i in order]
     fig = go.Figure()
     for name, top, color in series:
         fig.add_bar(y=labels, x=[_find(top, i) or 0.0 for i in order], name=name, orientation="h",
@@ -285,15 +285,15 @@ def bars(series: list[tuple[str, list[Candidate], str]], highlight: int | None =
 def pq_figure(pos: Position, j: int) -> go.Figure:
     q_top = pos.q_top or [Candidate(pos.token, pos.piece, 1.0)]  # a deterministic draft is a one-hot q
     return bars([("p: target", pos.p_top, P_COLOR), ("q: draft", q_top, Q_COLOR)], pos.token,
-                f"Draft #{j + 1} “{_label(pos.piece)}”: p(x) = {pos.p:.2f}, q(x) = {pos.q:.2f}")
+                f"Draft #{j + 1} “{token_label(pos.piece)}”: p(x) = {pos.p:.2f}, q(x) = {pos.q:.2f}")
 
 
 def result_figure(rec: StepRecord) -> go.Figure:
     if rec.final_kind == "resampled":
         return bars([("norm(max(0, p − q))", rec.final_top, ORANGE)], rec.final_token,
-                     f"Residual distribution: resampled “{_label(rec.final_piece)}”")
+                     f"Residual distribution: resampled “{token_label(rec.final_piece)}”")
     if rec.final_kind == "bonus":
         return bars([("p: target, next position", rec.final_top, BLUE)], rec.final_token,
-                     f"Bonus from p: “{_label(rec.final_piece)}”")
+                     f"Bonus from p: “{token_label(rec.final_piece)}”")
     return bars([("p: target", rec.final_top, P_COLOR)], rec.final_token,
-                f"Target distribution: drew “{_label(rec.final_piece)}”")
+                f"Target distribution: drew “{token_label(rec.final_piece)}”")

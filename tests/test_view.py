@@ -26,7 +26,7 @@ def test_a_blank_or_control_token_has_visible_text(piece, seen):
     body = html.split(">", 1)[1].rsplit("<", 1)[0]
     assert body == seen
     assert 'title="resampled · id 216 · ' in html      # the raw id (and repr) on hover
-    assert view.show(piece) == seen and view._label(piece) == seen
+    assert view.show(piece) == seen and view.token_label(piece) == seen
 
 
 def test_spaces_inside_a_word_stay_spaces_but_quotes_show_them():
@@ -40,7 +40,7 @@ def test_spaces_inside_a_word_stay_spaces_but_quotes_show_them():
 def test_template_tokens_are_one_muted_chip(piece, name):
     html = view.chip(piece, "tok-bonus", token=2)
     assert "tok-template" in html and f">template: {name}</span>" in html and "&lt;" not in visible(html)
-    assert view._label(piece) == f"template: {name}"
+    assert view.token_label(piece) == f"template: {name}"
 
 
 def test_the_prompt_shows_template_markers_as_chips():
