@@ -315,6 +315,15 @@ def test_race_counts_time_and_target_passes():
     tm = at.session_state.race_timing
     assert tm["repeats"] == 3 and tm["speedup_min"] <= tm["speedup"] <= tm["speedup_max"]
     assert f"{tm['speedup']:.2f}×** (median of 3 back-to-back pairs" in at.success[0].value
+    # the lanes replay that median pair, and say so
+    assert spec.metrics.tokens_per_s / plain.metrics.tokens_per_s == tm["speedup"]
+    i, n = at.session_state.race_pair
+    assert n == 3 and f"pair {i + 1} of the 3" in " ".join(c.value for c in at.caption)
+    # where the time went, and TTFT/TPOT with speculation on and off
+    assert any(f["layout"]["title"]["text"].startswith("This pair") for f in _figures(at))
+    ttft = at.dataframe[0].value
+    assert list(ttft.index) == ["speculation on", "speculation off"]
+    assert ttft.loc["speculation off", "TTFT ms"] == pytest.approx(1e3 * plain.metrics.ttft_s)
 
 
 def test_lesson_page_loads_a_workload_preset_into_the_sidebar():
