@@ -57,7 +57,7 @@ def tree_caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
         n = tried[f.checked - 1]
         t, parent = n.trial, view.nodes[n.parent]
         sibs = [m for m in tried if m.parent == n.parent and m.trial.order < t.order]
-        against = ("the target's distribution after it" if not sibs else
+        against = (f"the target's distribution after “{show(parent.piece)}”" if not sibs else
                    f"what is left of it after removing the rejected sibling{'s' if len(sibs) > 1 else ''} "
                    "and renormalizing (the residual)")
         lead = (f"<b>Trial {t.order + 1}: “{show(n.piece)}”</b>, choice #{n.rank + 1} after “{show(parent.piece)}”. "

@@ -58,11 +58,12 @@ def tree_step(prompt: str, recs: list[StepRecord], i: int, fr: Frame, greedy: bo
             st.plotly_chart(tree_view.mask_figure(rec.tree), key="mask")
     if fr.phase != frames.DRAFT:
         st.html(tree_view.trial_table(rec, fr, greedy))
-    drafter_info(rec)
+    drafter_info(rec, fr.phase == frames.RESULT)
 
 
-def drafter_info(rec: StepRecord) -> None:
-    """Drafter-specific extras, shown when present (the n-gram match; the suffix match; a tree's size)."""
+def drafter_info(rec: StepRecord, verdict: bool = True) -> None:
+    """Drafter-specific extras, shown when present (the n-gram match; the suffix match; a tree's size and, once
+    the `verdict` is out, its accepted path)."""
     info, bits = rec.info, []
     if "ngram" in info:
         bits.append(f"matched a {info['ngram']}-token n-gram at position {info.get('match_at', '?')}")
@@ -71,8 +72,8 @@ def drafter_info(rec: StepRecord) -> None:
         bits.append(f"the last {info['match']} tokens were seen {n} time{'s' if n != 1 else ''} before in this "
                     "session; their continuations make the tree")
     if rec.tree is not None:
-        bits.append(f"a tree of {rec.tree.drafted} candidates over {rec.tree.depth} positions; the accepted path "
-                    f"kept {len(rec.tree.path)}")
+        bits.append(f"a tree of {rec.tree.drafted} candidates over {rec.tree.depth} positions"
+                    + (f"; the accepted path kept {len(rec.tree.path)}" if verdict else ""))
     if bits:
         st.caption("Drafter: " + "; ".join(bits) + ".")
 

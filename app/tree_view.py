@@ -133,19 +133,19 @@ def tree_figure(rec: StepRecord, f: Frame) -> go.Figure:
                         hoverinfo="text", showlegend=False)
     rows = 1 - min(y for _, y in pos.values())
     fig.update_layout(height=140 + 62 * rows, margin=dict(l=10, r=10, t=36, b=10), font=dict(size=13),
-                      title=dict(text=f"The candidate tree: {view.drafted} candidates, {view.depth} positions deep"
-                                      " (grey numbers: the drafter's own probability)", font=dict(size=15)),
+                      title=dict(text=f"The candidate tree: {view.drafted} candidates, {view.depth} deep",
+                                 font=dict(size=15)),
                       xaxis=dict(title="drafted position", dtick=1, range=[-0.4, view.depth + 1.4],
                                  zeroline=False),
                       yaxis=dict(visible=False, range=[-rows + 0.4, 0.6]), plot_bgcolor="white")
     return fig
 
 
-def mask_figure(view: TreeView) -> go.Figure:
+def mask_figure(view: TreeView, lit: bool = False) -> go.Figure:
     """The tree attention mask as a heatmap: row i is the node being scored, a filled cell j a node it sees
-    (itself and its ancestors; every node also sees the whole committed context). Cells where both nodes are
-    on the accepted path are green."""
-    on = {n.index for n in view.nodes if n.on_path}
+    (itself and its ancestors; every node also sees the whole committed context). With `lit` (once the verdict
+    is out), cells where both nodes are on the accepted path are green."""
+    on = {n.index for n in view.nodes if n.on_path} if lit else set()
     z = [[(2 if i in on and j in on else 1) if see else 0 for j, see in enumerate(row)]
          for i, row in enumerate(view.mask)]
     names = [f"{n.index} {token_label(n.piece)}" for n in view.nodes]
