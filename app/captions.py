@@ -98,8 +98,10 @@ def caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
             if rec.drafter == "none":
                 return ("Plain decoding: there is no drafter, so the big target model produces exactly one "
                         "token for each forward pass. This is the baseline speculation tries to beat.")
-            return ("The drafter had nothing to propose this time (nothing in the context to copy), so this "
-                    "step is plain decoding: the target model makes one token with one forward pass.")
+            why = {"lookup": " (nothing in the context to copy)",
+                   "suffix": " (nothing seen before continues the text)"}.get(rec.drafter, "")
+            return (f"The drafter had nothing to propose this time{why}, so this step is plain decoding: the "
+                    "target model makes one token with one forward pass.")
         src = DESCRIPTIONS.get(rec.drafter, rec.drafter)
         how = ""
         if "ngram" in rec.info:
