@@ -2,6 +2,8 @@
 (fixed prompts, greedy with speculation off and on, token diff, acceptance/TTFT/TPOT/throughput against the
 baseline) run here on the real model, with a report to download; then the same lesson on llama.cpp (same
 model file, side by side with our engine) and the checklist against any OpenAI-compatible server."""
+import dataclasses
+
 import pandas as pd
 import streamlit as st
 import torch
@@ -41,7 +43,8 @@ for tab, e in zip(tabs, table.values()):
 st.markdown("## 2 · The operator's checklist, run here")
 st.markdown("Fix a set of prompts, decode **greedily** with the draft off and on, **diff the tokens**, then read "
             "acceptance, TTFT, TPOT and throughput against the baseline. Keep speculation only where the numbers "
-            "earn it.")
+            f"earn it: each prompt's two runs go back to back, {sweeps.REPEATS} times with the order alternating, "
+            "and the verdict is per prompt (off where acceptance is low or the median pair is slower).")
 pool = [(name, w.prompts[0]) for name, w in sidebar.PRESETS.items()]
 c1, c2 = st.columns(2)
 chosen = c1.multiselect("Fixed prompts (first example of each workload)", [n for n, _ in pool],
@@ -59,7 +62,8 @@ if st.button("Run the checklist", key="run_checklist", type="primary", disabled=
         with turns.hold(turns.shown(bar)):   # one turn at the shared model for the whole checklist
             res = checklist.run(tgt, lambda: runs.make_drafter(s, tgt), prompts, int(s.k), int(n_tok),
                                 on_step=lambda i, n: bar.progress(i / n, text=f"{i} of {n} prompts"))
-        st.session_state.checklist = (s, res)
+        # what was run: greedy, n_tok tokens (the sidebar's temperature and length do not apply here)
+        st.session_state.checklist = (dataclasses.replace(s, temperature=0.0, max_new_tokens=int(n_tok)), res)
     except Exception as e:  # every failure is a message, never a traceback
         st.error(runs.friendly(e))
     bar.empty()

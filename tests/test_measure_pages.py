@@ -1,14 +1,13 @@
 """The measurement pages (workloads, temperature, batch size, draft length, output contract) under AppTest on the
 real bundled model, with small sweeps: each measures what its controls ask, its table agrees with its own runs
 and with the theory it quotes, a rerun shows the stored result without recomputing, a drafter that cannot run
-is a warning and is skipped; and the two-sample comparison behind the contract page on known counts.
+is a warning and is skipped. The contract page's two-sample test is checked on known counts in test_lesson_checks.
 """
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.measure import two_sample
 from specdec_core.bench.theory import expected_speedup
 from specdec_core.bench.workloads import WORKLOADS
 
@@ -215,32 +214,3 @@ def test_a_drafter_that_cannot_run_is_a_warning_and_skipped():
     click(at, "temp_go")
     assert at.session_state["measure_temperature"].status == "failed"
     assert any("None of the chosen drafters" in e.value for e in at.error)
-
-
-def test_two_sample_on_known_counts():
-    same = two_sample({"a": 60, "b": 30, "c": 10}, {"a": 60, "b": 30, "c": 10}, shuffles=200)
-    assert same["tv"] == 0.0 and same["p_value"] == pytest.approx(1.0)
-    far = two_sample({"a": 150, "b": 50}, {"a": 50, "b": 150}, shuffles=200)
-    assert far["tv"] == pytest.approx(0.5) and far["p_value"] < 1e-6
-    assert far["tv"] > far["tv_chance_95"]
-    # rare outcomes are pooled so every expected count is at least 5
-    rare = two_sample({"a": 50, "b": 40, "x": 5, "y": 5}, {"a": 50, "b": 42, "z": 8})
-    assert rare["bins"] == 3 and rare["p_value"] > 0.05          # a, b and "other" (x, y, z)
-    thin = two_sample({"a": 50, "b": 46, "x": 2, "y": 2}, {"a": 48, "b": 48, "z": 4})
-    assert thin["bins"] == 2                                     # a thin "other" joins b
-    # one outcome only: nothing to test
-    assert two_sample({"a": 10}, {"a": 20})["p_value"] is None
-    with pytest.raises(ValueError):
-        two_sample({}, {"a": 1})
-
-
-def test_two_sample_holds_its_level_on_equal_distributions():
-    """Samples drawn from one law: p < 0.05 in about 5% of trials (and TV inside its chance band as often)."""
-    import numpy as np
-    rng = np.random.default_rng(0)
-    law = [0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02]
-    low = 0
-    for _ in range(200):
-        a, b = (dict(enumerate(rng.multinomial(200, law))) for _ in range(2))
-        low += two_sample(a, b, shuffles=50)["p_value"] < 0.05
-    assert low <= 25       # binomial(200, 0.05): mean 10, P(> 25) < 1e-4
