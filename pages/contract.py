@@ -75,7 +75,8 @@ def greedy_rows(tgt, specs, live):
                    "p(plain token)": None, "p(spec token)": None,
                    "plain": plain, "spec": spec}
             if j is not None and j < min(len(plain), len(spec)):
-                row["p(plain token)"], row["p(spec token)"] = contract.near_tie(tgt, prompt, plain[:j], plain[j], spec[j])
+                row["p(plain token)"], row["p(spec token)"] = contract.near_tie(tgt, prompt, plain[:j], plain[j],
+                                                                                spec[j])
             yield row
 
 

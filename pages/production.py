@@ -12,6 +12,8 @@ from app import runs, sidebar, turns
 from specdec_core.bench import sweeps
 from specdec_core.serving import checklist, engines, peer, remote
 
+# our name for each metric where it differs from the engines' (vLLM's) vocabulary
+OURS = {"mean acceptance length": "tokens per step (committed per verification step; vLLM: mean acceptance length)"}
 st.title("Road to production")
 s = sidebar.current()
 st.markdown(f"Current settings: **{s.summary()}**. Change them in the sidebar; everything below follows.")
@@ -35,7 +37,8 @@ for tab, e in zip(tabs, table.values()):
         st.code(e.snippet, language="bash" if e.snippet.startswith(("llama-server", "python -m")) else "python",
                 wrap_lines=True)
         st.markdown("**Our metrics, by this engine's name**")
-        st.table(pd.DataFrame({"ours": list(e.metrics), f"{e.title}": list(e.metrics.values())}).set_index("ours"))
+        st.table(pd.DataFrame({"ours": [OURS.get(m, m) for m in e.metrics],
+                               f"{e.title}": list(e.metrics.values())}).set_index("ours"))
         for g in e.gaps:
             st.markdown(f"- No equivalent / differs: {g}")
         st.markdown("Docs: " + " · ".join(f"[{x}]({u})" for x, u in zip(engines.link_labels(e.docs), e.docs)))

@@ -8,6 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import nav, runs, sidebar, walk
+from app.captions import count
 from app.classroom import REPEAT
 from app.walk import TOKENS, chips, live, make, quiz, run_drafter, spread
 from specdec_core import drafters
@@ -165,8 +166,8 @@ the **Output contract** page measures both.""")
         a, b, recs, m = r
         same = a == b
         (st.success if same else st.warning)(
-            f"{'Identical' if same else 'Different'}: {len(a)} tokens plain, {len(b)} with lookup, "
-            f"{m.steps} verification steps instead of {len(a)}." + ("" if same else
+            f"{'Identical' if same else 'Different'}: {count(len(a), 'token')} plain, {len(b)} with lookup, "
+            f"{count(m.steps, 'verification step')} instead of {len(a)}." + ("" if same else
             " Two nearly tied tokens rounded differently in a many-token pass: the forward, not the rule "
             "(the sidebar's Forward is set to transformers' reference)."))
         chips(recs)

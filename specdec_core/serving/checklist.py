@@ -112,7 +112,9 @@ def table(results: list[PromptResult]) -> pd.DataFrame:
 
 
 def _like(results: list[PromptResult], cut: int = 40) -> str:
-    return ", ".join(f"“{r.prompt[:cut]}{'…' if len(r.prompt) > cut else ''}” ({r.decision()[1]})" for r in results)
+    """The prompts quoted (cut at `cut` characters), each with why it is kept or not."""
+    return ", ".join(f"“{r.prompt[:cut]}{'…' if len(r.prompt) > cut else ''}” ({r.decision()[1]})"
+                     for r in results)
 
 
 def verdict(results: list[PromptResult]) -> str:
