@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..batch import _Holes, _Rows, chain_mask
+from ..batch import chain_mask, rows as batch_rows
 from ..models import LM
 from ..sampling import SamplingParams
 from .sweeps import ratios, rounds
@@ -76,7 +76,7 @@ def batch_cost(lm: LM, batches=(1, 4, 8), tokens=(1, 5), context: int = 16, reps
     for b in batches:
         if b < 1:
             raise ValueError(f"a batch needs at least one row, got {b}")
-        kv = (_Rows if lm.fwd is not None else _Holes)(lm, b, False)
+        kv = batch_rows(lm, b)
         kv.prefill(torch.randint(0, lm.n_tokens, (b, context), generator=g).tolist())
         new = {n: [(torch.randint(0, lm.n_tokens, (n,), generator=g).tolist(), torch.arange(n), chain_mask(n))
                    for _ in range(b)] for n in tokens}
