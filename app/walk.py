@@ -66,14 +66,16 @@ def spread(r: dict, what: str) -> str:
 
 
 def workload_table(r: list[dict]) -> pd.DataFrame:
-    """lesson.check's rows, in words."""
+    """lesson.check's rows, in words: narrow columns, and the reason on each row (shown with st.table, which
+    wraps text)."""
     return pd.DataFrame([{
-        "Workload": x["workload"], "Lesson expects": x["expected"],
-        "Drafter measured": f"{x['drafter']} ({x['why this drafter']})", "Temperature": x["temperature"],
-        "Acceptance (95% interval)": "not measured here" if x["acceptance"] is None else
-        f"{x['acceptance']:.0%} ({x['acceptance_lo']:.0%}–{x['acceptance_hi']:.0%})",
-        "Tokens per step": None if x["tokens per step"] is None else round(x["tokens per step"], 2),
-        "Agrees": {True: "yes", False: "no", None: "see section 6"}[x["agrees"]], "Why": x["note"]}
+        "Workload": x["workload"], "Lesson expects": x["expected"], "Drafter (T)": f"{x['drafter']} "
+        f"({x['temperature']:g})", "Acceptance (95% interval)": "not measured here" if x["acceptance"] is None
+        else f"{x['acceptance']:.0%} ({x['acceptance_lo']:.0%}–{x['acceptance_hi']:.0%})",
+        "Tokens per step": "" if x["tokens per step"] is None else f"{x['tokens per step']:.2f}",
+        "Agrees": {True: "yes", False: "no", None: "see section 6"}[x["agrees"]],
+        "Why": (f"{x['drafter']}: {x['why this drafter']}. " if x["agrees"] is not None else "")
+        + f"{x['note'][0].upper()}{x['note'][1:]}."}
         for x in r]).set_index("Workload")
 
 

@@ -13,6 +13,7 @@ from app.classroom import REPEAT
 from app.walk import TOKENS, chips, live, make, quiz, run_drafter, spread
 from specdec_core import drafters
 from specdec_core.bench import lesson, passes
+from specdec_core.bench.sweeps import NOISY
 from specdec_core.bench.workloads import WORKLOADS
 from specdec_core.serving import checklist
 
@@ -186,7 +187,7 @@ measuring rule, is on the **Workloads** page.""")
              lambda: lesson.check(runs.target(), list(WORKLOADS.values()), lambda n: make(n, runs.target()),
                                   tokens=TOKENS))
     if r is not None:
-        st.dataframe(walk.workload_table(r))
+        st.table(walk.workload_table(r))
         st.caption("Tokens per step: tokens committed per verification step, the bonus token counted (plain "
                    "decoding makes 1). A row agrees when its acceptance's 95% interval reaches the band its "
                    "category needs with a cheap draft of 4 (High 50% or more, Moderate 25–50%, Low under 25%).")
@@ -209,11 +210,14 @@ and 5 (four drafts plus the bonus). On this CPU there is little idle arithmetic,
     if r is not None:
         st.dataframe(walk.batch_table(r))
         grows = all(a["ratio"] < b["ratio"] for a, b in zip(r, r[1:]))
-        (st.warning if any(x["noisy"] for x in r) or not grows else st.caption)(
+        noisy = sum(x["noisy"] for x in r)
+        (st.warning if noisy or not grows else st.caption)(
             f"Each ratio is the median of {r[0]['pairs']} back-to-back pairs (order alternating) through the "
-            "forward this app runs. The last column is what 4 drafts cost over plain decoding in one pass; as it "
+            "forward this app runs. *Verify / plain* is what 4 drafts cost over plain decoding in one pass; as it "
             "grows with the batch, the drafts must be accepted more often just to break even."
-            + ("" if grows else " **Here it did not grow at every step: the machine was busy; rerun.**"))
+            + (f" **{noisy} of {len(r)} rows are noisy: rerun** (their pairs spread over "
+               f"{NOISY:.0%}: the machine is busy)." if noisy else "")
+            + ("" if grows else " **Here the ratio did not grow at every step: rerun on a quieter machine.**"))
     quiz("batching", "A server runs saturated batches all day. What should it expect from speculative decoding?",
          ["A large throughput gain", "Little or even a loss: the idle compute is already used by the batch",
           "Different output text"], 1,
@@ -238,7 +242,7 @@ does not, with prompt lookup.""")
     r = live("checklist", "Run the checklist on two prompts (lookup, 16 tokens, 3 pairs each)", _check)
     if r:
         st.markdown(checklist.verdict(r))
-        st.dataframe(checklist.table(r))
+        st.table(checklist.table(r).T)   # one column per prompt: fits the page
     quiz("checklist", "Acceptance is 15 % on your traffic. What does it tell you?",
          ["The implementation is broken", "This workload is hard to draft: keep speculation off here",
           "Increase k until it improves"], 1,

@@ -293,11 +293,11 @@ def test_live_timings_and_verdicts_follow_the_measuring_rule(walk):
     assert not walk.exception and not walk.error, walk.error
     rows = walk.session_state["wt_result_workloads"]
     assert [r["drafter"] for r in rows] == [w.drafter for w in WORKLOADS.values()]
-    table = walk.dataframe[0].value
+    table = walk.table[0].value
     assert table.loc[WORKLOADS["batch"].label, "Agrees"] == "see section 6"
     for r in rows:
         shown = table.loc[r["workload"]]
-        assert shown["Drafter measured"].startswith(r["drafter"]) and shown["Why"] == r["note"]
+        assert shown["Drafter (T)"] == f"{r['drafter']} ({r['temperature']:g})" and r["note"][1:] in shown["Why"]
         if r["agrees"] is False:                            # a disagreement says why, on its own row
             assert "below the band" in r["note"] or "above the band" in r["note"] or "proposed nothing" in r["note"]
 
