@@ -74,7 +74,7 @@ if st.button("Run the checklist", key="run_checklist", type="primary", disabled=
 done = st.session_state.get("checklist")
 if done:
     ds, res = done
-    st.markdown(f"**Result** ({ds.summary()}, greedy): {checklist.verdict(res)}")
+    st.markdown(f"**Result** ({ds.summary()}): {checklist.verdict(res)}")
     st.table(checklist.table(res).T)   # one column per prompt: fits the page
     st.plotly_chart(checklist.figure(res), key="ck_fig")
     st.caption("A difference in greedy tokens means the implementation, not the algorithm: here it comes from "

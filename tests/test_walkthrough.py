@@ -241,6 +241,14 @@ def test_production_page_translates_and_runs_the_checklist():
     for r in res:
         assert f"| {r.spec.tokens} | " in md and f" {round(r.spec.acceptance_rate, 3)} |" in md
     assert "## The same settings in serving engines" in md and "prompt_lookup_max" in md
+    # the header says what ran: greedy, 8 tokens (not the sidebar's temperature 0.7 and 48 tokens)
+    assert s.max_new_tokens == 8 and s.temperature == 0.0 and "up to 8 tokens" in md and "48" not in md.split("\n")[4]
+    assert all(r.timing["repeats"] == 3 for r in res)   # paired repeats, the measuring rule's default
+    said = checklist.verdict(res)
+    assert said in md and "median of 3 back-to-back pairs" in said
+    for r in res:                                      # a prompt hard to draft is named as one to keep it off for
+        if r.spec.acceptance_rate < checklist.LOW_ACCEPTANCE:
+            assert r.prompt[:40] in said and "off for" in said
     page = checklist.report_html(s, res)
     assert "Throughput against the baseline" in page and "Plotly.newPlot" in page  # the plot is embedded
     # and works offline: the plotly.js library is inside the page, no script is fetched from anywhere

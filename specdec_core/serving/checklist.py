@@ -96,7 +96,7 @@ def table(results: list[PromptResult]) -> pd.DataFrame:
     for n, r in enumerate(results, 1):
         d, t = r.first_diff, r.timing
         keep, why = r.decision()
-        rows.append({"prompt": n, "tokens": r.spec.tokens,
+        rows.append({"prompt": f"prompt {n}", "tokens": r.spec.tokens,
                      "greedy tokens": "identical" if d is None else f"differ from token {d + 1}",
                      "acceptance rate": round(r.spec.acceptance_rate, 3),
                      "tokens per step": round(r.spec.mean_acceptance_length, 2),
@@ -130,14 +130,13 @@ def verdict(results: list[PromptResult]) -> str:
     parts = []
     if keep:
         parts.append(("Keep it for this traffic: " if len(keep) == len(results) else "Keep it for prompts like ")
-                     + _like(keep))
+                     + _like(keep) + ".")
     if off:
-        parts.append(("Keep it off for this traffic: " if len(off) == len(results) else "keep it off for prompts "
-                      "like ") + _like(off))
+        parts.append(("Keep it off for this traffic: " if len(off) == len(results) else "Keep it off for prompts "
+                      "like ") + _like(off) + ".")
     if noisy:
-        parts.append("undecided, the machine was too busy to tell (rerun): " + _like(noisy))
-    text = "; ".join(parts)
-    return head + text[0].upper() + text[1:] + "."
+        parts.append("Undecided, the machine was too busy to tell (rerun): " + _like(noisy) + ".")
+    return head.rstrip() + "\n\n" + "\n".join(f"- {p}" for p in parts)
 
 
 def figure(results: list[PromptResult]) -> go.Figure:
