@@ -75,7 +75,7 @@ done = st.session_state.get("checklist")
 if done:
     ds, res = done
     st.markdown(f"**Result** ({ds.summary()}): {checklist.verdict(res)}")
-    st.table(checklist.table(res).T)   # one column per prompt: fits the page
+    st.table(checklist.table(res, by_prompt=True))
     st.plotly_chart(checklist.figure(res), key="ck_fig")
     st.caption("A difference in greedy tokens means the implementation, not the algorithm: here it comes from "
                "bf16 rounding when two tokens tie, which batched and one-token forwards break differently.")

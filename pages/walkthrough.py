@@ -242,7 +242,7 @@ does not, with prompt lookup.""")
     r = live("checklist", "Run the checklist on two prompts (lookup, 16 tokens, 3 pairs each)", _check)
     if r:
         st.markdown(checklist.verdict(r))
-        st.table(checklist.table(r).T)   # one column per prompt: fits the page
+        st.table(checklist.table(r, by_prompt=True))
     quiz("checklist", "Acceptance is 15 % on your traffic. What does it tell you?",
          ["The implementation is broken", "This workload is hard to draft: keep speculation off here",
           "Increase k until it improves"], 1,

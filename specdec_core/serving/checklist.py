@@ -91,7 +91,8 @@ def run(target, make_drafter, prompts: list[str], k: int, max_new_tokens: int, o
     return out
 
 
-def table(results: list[PromptResult]) -> pd.DataFrame:
+def table(results: list[PromptResult], by_prompt: bool = False) -> pd.DataFrame:
+    """One row per prompt; `by_prompt`: one column per prompt instead, as text (narrow enough for a page)."""
     rows = []
     for n, r in enumerate(results, 1):
         d, t = r.first_diff, r.timing
@@ -104,11 +105,12 @@ def table(results: list[PromptResult]) -> pd.DataFrame:
                      "TPOT ms (plain / spec)": f"{r.base.tpot_s * 1e3:.1f} / {r.spec.tpot_s * 1e3:.1f}",
                      "tokens/s (plain / spec)": f"{r.base.tokens_per_s:.1f} / {r.spec.tokens_per_s:.1f}",
                      "speedup (median pair)": round(r.speedup, 2),
-                     f"pairs' range ({t.get('repeats', 0)} pairs)":
+                     f"pairs' range ({t.get('repeats', 0)} pair{'s' if t.get('repeats', 0) != 1 else ''})":
                          f"{t.get('speedup_min', 0):.2f}-{t.get('speedup_max', 0):.2f}"
                          + (" noisy: rerun" if t.get("noisy") else ""),
                      "speculation": {True: "keep", False: "off", None: "rerun"}[keep]})
-    return pd.DataFrame(rows).set_index("prompt")
+    df = pd.DataFrame(rows).set_index("prompt")
+    return df.T.astype(str) if by_prompt else df
 
 
 def _like(results: list[PromptResult], cut: int = 40) -> str:
