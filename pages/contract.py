@@ -79,9 +79,7 @@ def greedy_rows(tgt, specs, live):
             spec, _, _ = engine.run(tgt, drafters.make(n, tgt, lm), prompt, sp=sp, k=s.k, max_new_tokens=max_new,
                                     detail=False)
             live.tick(f"{pname}, {n}")
-            j = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
-            if j is None and len(plain) != len(spec):
-                j = min(len(plain), len(spec))
+            j = invariance.first_difference(plain, spec)
             row = {"Prompt": pname, "Drafter": measure.label(n, s), "Tokens plain": len(plain),
                    "Tokens spec": len(spec), "Identical": j is None, "First difference at token": j,
                    "p(plain token)": None, "p(spec token)": None,

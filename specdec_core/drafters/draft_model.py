@@ -14,7 +14,7 @@ import torch
 from ..models import LM, check_compatible
 from ..sampling import probs, sample
 from ..verify import one_hot
-from . import DraftContext, Drafter, Proposal
+from . import DraftContext, Drafter, Proposal, entry
 
 
 class CachedDraft(Drafter):
@@ -85,7 +85,7 @@ class CachedDraft(Drafter):
 class DraftModel(CachedDraft):
     """A separate model as the draft."""
     name = "draft"
-    default_k = 4
+    default_k = entry(name).default_k
 
     def __init__(self, lm: LM, target: LM | None = None):
         super().__init__()

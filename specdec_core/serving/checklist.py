@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specdec_core import SamplingParams, drafters, engine
+from specdec_core.bench.invariance import difference, first_difference
 
 
 @dataclass
@@ -28,11 +29,8 @@ class PromptResult:
 
     @property
     def first_diff(self) -> int | None:
-        """Index of the first differing token, None when the sequences are identical."""
-        for i, (a, b) in enumerate(zip(self.base_ids, self.spec_ids)):
-            if a != b:
-                return i
-        return None if len(self.base_ids) == len(self.spec_ids) else min(len(self.base_ids), len(self.spec_ids))
+        """Index of the first differing token (bench.invariance.first_difference), None when identical."""
+        return first_difference(self.base_ids, self.spec_ids)
 
 
 def run(target, make_drafter, prompts: list[str], k: int, max_new_tokens: int, on_step=None) -> list[PromptResult]:
@@ -54,9 +52,8 @@ def run(target, make_drafter, prompts: list[str], k: int, max_new_tokens: int, o
 def table(results: list[PromptResult]) -> pd.DataFrame:
     rows = []
     for n, r in enumerate(results, 1):
-        d = r.first_diff
         rows.append({"prompt": n, "tokens": r.spec.tokens,
-                     "greedy tokens": "identical" if d is None else f"differ from token {d + 1}",
+                     "greedy tokens": difference(r.base_ids, r.spec_ids),
                      "acceptance rate": round(r.spec.acceptance_rate, 3),
                      "mean acceptance length": round(r.spec.mean_acceptance_length, 2),
                      "TTFT ms (base / spec)": f"{r.base.ttft_s * 1e3:.0f} / {r.spec.ttft_s * 1e3:.0f}",
