@@ -1,7 +1,7 @@
 """Plain-words captions for each phase of a step, written for a classroom (no formulas needed to follow)."""
 from __future__ import annotations
 
-from specdec_core.drafters import DESCRIPTIONS
+from specdec_core.drafters import DESCRIPTIONS, entry
 from specdec_core.records import StepRecord
 
 from .frames import DRAFT, VERIFY, Frame
@@ -25,7 +25,7 @@ def caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
     m = rec.k
     if f.phase == DRAFT:
         if m == 0:
-            if rec.drafter == "none":
+            if not entry(rec.drafter).drafts:
                 return ("Plain decoding: there is no drafter, so the big target model produces exactly one "
                         "token for each forward pass. This is the baseline speculation tries to beat.")
             return ("The drafter had nothing to propose this time (nothing in the context to copy), so this "

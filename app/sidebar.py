@@ -10,7 +10,7 @@ from specdec_core.sampling import MAX_TEMPERATURE
 from specdec_core.bench.workloads import WORKLOADS
 
 from . import limits
-from .runs import BUNDLED, FORWARDS, MODEL_DRAFTS, Settings
+from .runs import BUNDLED, FORWARDS, Settings
 
 CUSTOM = "custom"
 # batch serving is a throughput story; a one-request demo cannot show it
@@ -97,7 +97,8 @@ def _on_prompt_edit() -> None:
         st.session_state.workload = CUSTOM
 
 
-def build() -> Settings:
+def build() -> None:
+    """The sidebar's controls, once per script run (main.py); pages read the settings with `current()`."""
     init_state()
     ss = st.session_state
     sb = st.sidebar
@@ -122,23 +123,24 @@ def build() -> Settings:
 
     sb.markdown("### Drafter")
     sb.selectbox("Drafter", list(drafters.NAMES), key="drafter",
-                 format_func=lambda n: f"{n}: plain decoding" if n == "none" else n)
+                 format_func=lambda n: n if drafters.entry(n).drafts else f"{n}: plain decoding")
     sb.caption(drafters.DESCRIPTIONS.get(ss.drafter, ""))
-    sb.text_input("Draft model", key="draft_model", disabled=ss.drafter != "draft",
+    e = drafters.entry(ss.drafter)
+    sb.text_input("Draft model", key="draft_model", disabled=not e.draft_model,
                   help="For the `draft` drafter: `bundled` lets the target draft for itself (at temperature 0 "
                        "every draft is accepted); `distilled` uses the small draft trained for it, where shipped; "
                        "or a local model directory / hub id with the same vocabulary. This server lets a visitor "
                        f"load: {limits.described()} (setting `{limits.ENV_MODELS}`).")
-    if ss.drafter == "draft":
+    if e.draft_model:
         sb.caption(f"Draft models a visitor may load on this server: {limits.described()}.")
-    sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=ss.drafter == "none")
+    sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=not e.drafts)
     sb.selectbox("Draft length", list(K_POLICIES), key="k_policy", format_func=K_POLICIES.get,
-                 disabled=ss.drafter == "none",
+                 disabled=not e.drafts,
                  help="Fixed: k every step. Schedule: start at k, +2 after a fully accepted draft, −1 otherwise "
                       "(transformers' heuristic). Confidence: a model draft stops guessing when its top probability "
                       "falls under 0.4, k being the most. None of them changes the output.")
     sb.radio("Draft guesses (model drafts, T > 0)", list(DRAFTING), key="draft_sampling", format_func=DRAFTING.get,
-             horizontal=True, disabled=ss.drafter not in MODEL_DRAFTS,
+             horizontal=True, disabled=not e.reports_q,
              help="Sampled: the guess is drawn from the draft's q and kept with probability min(1, p/q). Greedy: "
                   "the draft's most likely token, q one-hot, kept with probability p(x), as serving engines do by "
                   "default. Both are exact.")
@@ -166,7 +168,6 @@ def build() -> Settings:
                   "so greedy speculation gives exactly plain decoding's tokens. Transformers' forward (the "
                   "reference) rounds a many-token pass differently: on a near-tie its speculative output can "
                   "drift. The Output contract page shows both.")
-    return current()
 
 
 def current() -> Settings:

@@ -71,7 +71,7 @@ def near_tie(tgt, prompt: list[int], prefix: list[int], a: int, b: int) -> tuple
 def greedy_rows(tgt, specs, live):
     sp = SamplingParams(0.0, 0, 1.0, s.seed)
     ids = measure.encode(tgt, [t for _, t in PROMPTS[:n_prompts]])
-    none = drafters.make("none", tgt)
+    none = drafters.make(drafters.PLAIN, tgt)
     for (pname, _), prompt in zip(PROMPTS, ids):
         plain, _, _ = engine.run(tgt, none, prompt, sp=sp, max_new_tokens=max_new, detail=False)
         live.tick(f"{pname}, plain")
@@ -299,14 +299,14 @@ def hist_figure(tgt, counts: dict[str, dict], ref: dict | None = None) -> go.Fig
 def sample_all(tgt, specs, live, res):
     prompt = measure.encode(tgt, [PROMPTS[pi][1]])[0]
     counts, stats = {}, {}
-    sides = [("none", None)] + specs
+    sides = [(drafters.PLAIN, None)] + specs
     for side, (n, lm) in enumerate(sides):
-        name = "none" if n == "none" else measure.label(n, s)
+        name = measure.label(n, s)
         d = drafters.make(n, tgt, lm)
         c, checked, accepted = {}, 0, 0
         counts[name] = c
         for i in range(n_samples):   # disjoint seeds per side: the two samples are independent
-            t, ch, ac = draw_once(tgt, d, prompt, s.seed + side * n_samples + i, 0 if n == "none" else s.k)
+            t, ch, ac = draw_once(tgt, d, prompt, s.seed + side * n_samples + i, drafters.entry(n).k(s.k))
             c[t] = c.get(t, 0) + 1
             checked, accepted = checked + ch, accepted + ac
             live.tick(name)

@@ -24,13 +24,13 @@ st.markdown(
     "the text is done. They are measured one after the other, then replayed here on a shared clock.")
 
 s = sidebar.current()
-plain_s = dataclasses.replace(s, drafter="none")
+plain_s = dataclasses.replace(s, drafter=drafters.PLAIN)
 c1, c2 = st.columns([1, 4], vertical_alignment="center")
 clicked = c1.button("Start the race", type="primary", key="race", icon=":material/sports_score:")
 c2.caption(s.summary())
 holder, slot = play.slots()
 NONE_NOTE = None
-if s.drafter == "none":
+if not drafters.entry(s.drafter).drafts:
     NONE_NOTE = ("The drafter in the sidebar is `none`, so both lanes are plain decoding. Pick `lookup` or "
                  "`draft` to see speculation win (or lose).")
 
@@ -43,7 +43,7 @@ def again(plain: runs.Run, spec: runs.Run, col) -> dict:
     (sweeps.ratios): more pairs back to back, order alternating, the median ratio with its spread."""
     tgt = runs.target()
     ids, n = plain.prompt_ids, int(s.max_new_tokens)
-    lanes = {"none": (drafters.make("none", tgt), 0), "spec": (runs.make_drafter(s, tgt), int(s.k))}
+    lanes = {"none": (drafters.make(drafters.PLAIN, tgt), 0), "spec": (runs.make_drafter(s, tgt), int(s.k))}
     tps = {"none": [plain.metrics.tokens_per_s], "spec": [spec.metrics.tokens_per_s]}
     prog = col.progress(0.0, text="Timing the pair again, so the speedup is a median…")
     with turns.hold(turns.shown(prog)) as turn:   # the shared model, one turn at a time (app/turns.py)
@@ -135,7 +135,7 @@ def board():
         finished = last is run.records[-1]
         with col:
             name = sub or f"drafter `{run.settings.drafter}`" + (f", k = {run.settings.k}"
-                                                                 if run.settings.drafter != "none" else "")
+                                                                 if drafters.entry(run.settings.drafter).drafts else "")
             st.subheader((":material/trophy: " if finished and last.elapsed == min(plain.records[-1].elapsed,
                                                                       spec.records[-1].elapsed) else "") + title)
             st.caption(name)

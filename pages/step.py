@@ -5,6 +5,7 @@ import time
 import streamlit as st
 
 from app import captions, frames, play, runs, sidebar, turns, view
+from specdec_core import drafters
 from specdec_core.metrics import summarize
 
 BASE_S = 0.9  # seconds per frame at 1x
@@ -23,7 +24,7 @@ settings = sidebar.current()
 c1, c2 = st.columns([1, 4], vertical_alignment="center")
 go_clicked = c1.button("Generate", type="primary", key="generate", icon=":material/play_circle:")
 c2.caption(settings.summary())
-if settings.drafter == "suffix":
+if drafters.entry(settings.drafter).session_index:
     ix = ss.get("suffix_index")
     seen = f"{len(ix.docs)} runs ({ix.size} tokens) so far" if ix is not None and ix.docs else "nothing yet"
     st.info(f"Suffix decoding drafts from everything this session has decoded: {seen}. Press **Generate** twice "
@@ -52,7 +53,7 @@ def generate(s: runs.Settings) -> None:
     try:
         play.stream(run, records, prog, live, lambda rec: f"Step {rec.index + 1}: {rec.n_generated} of up to "
                                                           f"{s.max_new_tokens} tokens, {rec.elapsed:.1f} s")
-        if s.drafter == "none":
+        if not drafters.entry(s.drafter).drafts:
             run.baseline = run.metrics
         else:
             prog.progress(1.0, text="Decoding the same prompt plainly (no drafter) to measure the speedup…")
@@ -198,8 +199,7 @@ def _drafter_info(info: dict) -> None:
         bits.append(f"the last {info['match']} tokens were seen {info.get('occurrences', '?')} times before in this "
                     f"session; their continuations make a tree of {info.get('nodes', '?')} candidates")
     if "tree" in info:
-        tree = info["tree"]
-        bits.append(f"tree of {len(tree) if hasattr(tree, '__len__') else tree} candidate nodes")
+        bits.append(f"tree of {len(info['tree'])} candidate nodes")   # tree_step: the tree's paths
     if "accepted_path" in info:
         bits.append(f"accepted path {info['accepted_path']}")
     if bits:

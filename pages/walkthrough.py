@@ -61,7 +61,7 @@ def run_drafter(drafter_name: str, prompt: str, k: int = 4, tokens: int = TOKENS
     """(tokens, records, metrics) of one run of the named drafter on `prompt`, greedy unless `sp` says."""
     tgt = runs.target()
     d = runs.make_drafter(runs.Settings(drafter=drafter_name, draft_model=draft_model, k=k), tgt)
-    ids, recs, m = engine.run(tgt, d, tgt.encode(prompt).tolist(), sp=sp, k=0 if drafter_name == "none" else k,
+    ids, recs, m = engine.run(tgt, d, tgt.encode(prompt).tolist(), sp=sp, k=drafters.entry(drafter_name).k(k),
                               max_new_tokens=tokens)
     return ids, recs, m
 

@@ -17,8 +17,9 @@ import sys
 from .bench.sweeps import REPEATS
 from .drafters import NAMES, PLAIN, TRAINED, DrafterUnavailable, draft_model, entry, make
 from .engine import run
+from .errors import InputError
 from .models import BUNDLED, LM, ModelError, load
-from .sampling import InputError, SamplingParams
+from .sampling import SamplingParams
 
 class PeerMissing(RuntimeError):
     """The peer engine is not installed; the message says how to install it."""
@@ -481,13 +482,13 @@ def cmd_sweep(args) -> int:
         pts = sweeps.sweep_temperature(target, args.drafter, prompts, vals, k=args.k,
                                        max_new_tokens=args.max_new_tokens, seed=args.seed, top_p=args.top_p,
                                        draft_lm=draft_lm, tick=lambda _: bar.update(), repeats=args.repeats,
-                                       draft=args.draft_sampling)
+                                       draft_mode=args.draft_sampling)
     elif args.axis == "k":
         vals = [int(x) for x in _floats(args.ks, "ks")]
         bar = tqdm(total=2 * (args.repeats or REPEATS) * len(vals) * len(prompts), desc="sweep k", file=sys.stderr)
         pts = sweeps.sweep_k(target, args.drafter, prompts, vals, temperature=args.temperature,
                              max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
-                             tick=lambda _: bar.update(), repeats=args.repeats, draft=args.draft_sampling)
+                             tick=lambda _: bar.update(), repeats=args.repeats, draft_mode=args.draft_sampling)
     else:
         vals = [int(x) for x in _floats(args.batch_sizes, "batch-sizes")]
         if any(b < 1 for b in vals):
@@ -495,7 +496,7 @@ def cmd_sweep(args) -> int:
         bar = tqdm(total=2 * (args.repeats or REPEATS) * len(vals), desc="sweep batch", file=sys.stderr)
         pts = sweeps.sweep_batch(target, args.drafter, prompts, vals, k=args.k, temperature=args.temperature,
                                  max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
-                                 tick=lambda _: bar.update(), repeats=args.repeats, draft=args.draft_sampling,
+                                 tick=lambda _: bar.update(), repeats=args.repeats, draft_mode=args.draft_sampling,
                                  k_policy=args.k_policy)
     table = []
     for p in pts:

@@ -186,9 +186,9 @@ def batch_point(tgt: LM, rows: list[list[int]], sp: SamplingParams, k: int | Non
 
 def sweep_temperature(target: LM, drafter: str, prompts: list, temperatures: Iterable[float], k: int | None = None,
                       max_new_tokens: int = 64, seed: int = 0, top_p: float = 1.0, draft_lm=None,
-                      tick: Tick = None, repeats: int | None = None, draft: str = "sample") -> Iterator[dict]:
+                      tick: Tick = None, repeats: int | None = None, draft_mode: str = "sample") -> Iterator[dict]:
     for t in temperatures:
-        sp = SamplingParams(float(t), 0, top_p, seed, draft)
+        sp = SamplingParams(float(t), 0, top_p, seed, draft_mode)
         pair = side_by_side(target, prompts, sp, k, max_new_tokens, [(drafter, draft_lm)], at(tick, f"T = {t:g}"),
                             repeats)
         yield {"temperature": float(t), "drafter": drafter, **point(pair, drafter)}
@@ -196,8 +196,8 @@ def sweep_temperature(target: LM, drafter: str, prompts: list, temperatures: Ite
 
 def sweep_k(target: LM, drafter: str, prompts: list, ks: Iterable[int], temperature: float = 0.0,
             max_new_tokens: int = 64, seed: int = 0, top_p: float = 1.0, draft_lm=None,
-            tick: Tick = None, repeats: int | None = None, draft: str = "sample") -> Iterator[dict]:
-    sp = SamplingParams(temperature, 0, top_p, seed, draft)
+            tick: Tick = None, repeats: int | None = None, draft_mode: str = "sample") -> Iterator[dict]:
+    sp = SamplingParams(temperature, 0, top_p, seed, draft_mode)
     for k in ks:
         pair = side_by_side(target, prompts, sp, int(k), max_new_tokens, [(drafter, draft_lm)], at(tick, f"k = {k}"),
                             repeats)
@@ -206,9 +206,9 @@ def sweep_k(target: LM, drafter: str, prompts: list, ks: Iterable[int], temperat
 
 def sweep_policy(target: LM, drafter: str, prompts: list, policies: Iterable[str], k: int, temperature: float = 0.0,
                  max_new_tokens: int = 64, seed: int = 0, top_p: float = 1.0, draft_lm=None, tick: Tick = None,
-                 repeats: int | None = None, draft: str = "sample") -> Iterator[dict]:
+                 repeats: int | None = None, draft_mode: str = "sample") -> Iterator[dict]:
     """One point per draft-length policy (policy.py), k being the schedule's start and the confidence bound."""
-    sp = SamplingParams(temperature, 0, top_p, seed, draft)
+    sp = SamplingParams(temperature, 0, top_p, seed, draft_mode)
     for pol in policies:
         pair = side_by_side(target, prompts, sp, int(k), max_new_tokens, [(drafter, draft_lm)], at(tick, pol),
                             repeats, k_policy=pol)
@@ -218,9 +218,9 @@ def sweep_policy(target: LM, drafter: str, prompts: list, policies: Iterable[str
 def sweep_batch(target: LM, drafter: str, prompts: list, batch_sizes: Iterable[int], k: int | None = None,
                 temperature: float = 0.0, max_new_tokens: int = 32, seed: int = 0, top_p: float = 1.0,
                 draft_lm=None, tick: Tick = None, repeats: int | None = None,
-                draft: str = "sample", k_policy: str = "fixed") -> Iterator[dict]:
+                draft_mode: str = "sample", k_policy: str = "fixed") -> Iterator[dict]:
     """Throughput of one batch of B rows (prompts cycled), baseline and drafter, each through decode_batch."""
-    sp = SamplingParams(temperature, 0, top_p, seed, draft)
+    sp = SamplingParams(temperature, 0, top_p, seed, draft_mode)
     for b in batch_sizes:
         rows = [prompts[i % len(prompts)] for i in range(int(b))]
         pt = batch_point(target, rows, sp, k, max_new_tokens, [(drafter, draft_lm)], tick, repeats, k_policy)

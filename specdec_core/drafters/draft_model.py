@@ -1,7 +1,7 @@
 """A separate draft model with its own KV cache (Leviathan et al. 2023; Chen et al. 2023).
 
 The draft samples k tokens autoregressively from q (the same temperature/top-k/top-p as the target), or, with
-`SamplingParams.draft == "greedy"`, takes q's argmax and reports the one-hot q it was drawn from, as serving engines
+`SamplingParams.draft_mode == "greedy"`, takes q's argmax and reports the one-hot q it was drawn from, as serving engines
 do by default; either way the exact rule of verify.py applies to the q actually used.
 Its cache is kept in step with the committed text by longest common prefix: after a rejection the
 rejected suffix is cropped away; after a full acceptance the last drafted token, which the draft sampled
@@ -60,7 +60,7 @@ class CachedDraft(Drafter):
     def propose(self, ctx: DraftContext) -> Proposal:
         logits = self.sync(ctx.tokens)
         out, qs = [], []
-        greedy = ctx.sp.greedy or ctx.sp.draft == "greedy"
+        greedy = ctx.sp.greedy or ctx.sp.draft_mode == "greedy"
         for i in range(ctx.k):
             q = probs(logits, ctx.sp)                                # [V]
             # unsure (its own softmax, since at T = 0 q is one-hot): stop drafting here (policy.py)

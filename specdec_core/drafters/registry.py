@@ -79,7 +79,7 @@ def entry(name: str) -> Entry:
     try:
         return ENTRIES[name]
     except (KeyError, TypeError):
-        raise DrafterUnavailable(f"unknown drafter {name!r}; choose one of: {', '.join(NAMES)}") from None
+        raise DrafterUnavailable(f"unknown drafter {name!r}; choose from {', '.join(NAMES)}") from None
 
 
 def manifest(stem: str, folder: Path | None = None) -> dict:
