@@ -108,7 +108,7 @@ def warm() -> str | None:
 
 
 def draft_lm(s: Settings, tgt):
-    """The draft model these settings name (registry.draft_model resolves the spec), loaded and cached; None for
+    """The draft model these settings name (drafters.resolve_draft resolves the spec), loaded and cached; None for
     a drafter that runs no separate draft model."""
     try:
         if not drafters.entry(s.drafter).draft_model:
@@ -116,7 +116,7 @@ def draft_lm(s: Settings, tgt):
         spec = (s.draft_model or "").strip()
         if spec and (why := limits.refusal(spec)) is not None:   # before anything is loaded
             raise UserError(why)
-        return drafters.draft_model(spec, tgt, load=model)
+        return drafters.resolve_draft(spec, tgt, load=model)
     except ModelError as e:
         raise UserError(f"The draft model could not be loaded. {e}") from e
     except drafters.DrafterUnavailable as e:

@@ -15,7 +15,7 @@ import json
 import sys
 
 from .bench.sweeps import REPEATS
-from .drafters import NAMES, PLAIN, TRAINED, DrafterUnavailable, draft_model, entry, make
+from .drafters import NAMES, PLAIN, TRAINED, DrafterUnavailable, entry, make, resolve_draft
 from .engine import run
 from .errors import InputError
 from .models import BUNDLED, LM, ModelError, load
@@ -145,7 +145,7 @@ def _models(args) -> tuple[LM, LM | None]:
     target = load(args.model, dtype=args.dtype, device=args.device, forward=args.forward)
     draft = None
     if args.draft_model:
-        draft = draft_model(args.draft_model, target, target_spec=args.model,
+        draft = resolve_draft(args.draft_model, target, target_spec=args.model,
                             load=lambda spec: load(spec, dtype=args.dtype, device=args.device, forward=args.forward))
     return target, draft
 

@@ -19,15 +19,6 @@ from ..drafters import PLAIN, entry
 from ..models import LM, load
 
 
-def _median_ms(fn, reps: int) -> float:
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3
-
-
 def forward_ms(lms: dict[str, LM], context: list[int], qs=(1, 2, 4, 8, 16), reps: int = 15, warm: int = 2,
                device: str = "cpu") -> list[dict]:
     """Per forward: name -> q -> ms, the forwards interleaved rep by rep (the cache rolled back each time); the

@@ -15,8 +15,8 @@ import torch
 
 from ..sampling import SamplingParams
 from .registry import (BUNDLED, DESCRIPTIONS, DISTILLED, MODEL_DRAFTS, NAMES, PLAIN, SHIPPED, SPECULATIVE, TRAINED,
-                       DrafterUnavailable, Entry, draft_model, entry, load_weights, manifest, runs_on, trained_for,
-                       untrained, weights_for)
+                       DrafterUnavailable, Entry, entry, load_weights, manifest, resolve_draft, runs_on, trained_for,
+                       target_record, untrained, weights_for)
 
 
 @dataclass

@@ -4,7 +4,7 @@ An `Entry` says what a drafter does (its description, default k, whether it repo
 deterministically, whether it reads the target's hidden states, whether it proposes a tree), what it needs
 (trained weights, a separate draft model) and, through `weights_for`, whether the weights it needs were trained
 for a given target: decided by the target recorded in the weights' manifest (`weights/<stem>.manifest.json`),
-never by a model's display name. `draft_model` resolves a draft-model spec ("bundled", "distilled", a local
+never by a model's display name. `resolve_draft` resolves a draft-model spec ("bundled", "distilled", a local
 directory or hub id) in one place. Plain decoding is the entry whose default k is 0: it drafts nothing, so
 callers ask `entry(name).k(k)` rather than compare names.
 """
@@ -142,7 +142,7 @@ def load_weights(path: Path, kind: str) -> tuple[dict, dict, dict]:
     return sd, meta, manifest(path.name.removesuffix(".safetensors"), path.parent)
 
 
-def draft_model(spec: str | None, target, load=None, target_spec: str = BUNDLED):
+def resolve_draft(spec: str | None, target, load=None, target_spec: str = BUNDLED):
     """A draft-model spec -> the draft LM for drafter `draft`: the spec the target was loaded from (`bundled`
     unless said) is the target itself, drafting for itself; "distilled" the draft trained for it
     (DrafterUnavailable if none was); anything else a local directory or hub id read by `load` (models.load by
