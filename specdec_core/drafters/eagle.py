@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tree import compile_tree
-from . import DraftContext, Drafter, DrafterUnavailable, Proposal, load_weights, trained_for, untrained, weights_for
+from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
+               weights_for)
 from .eagle_packed import PackedHead
 from .vocab import DraftVocab
 
@@ -137,7 +138,7 @@ def load_head(model, path: Path = WEIGHTS) -> tuple[Head, dict]:
 
 class Eagle(Drafter):
     name = "eagle"
-    reads_hidden = True   # the engine hands over the target's hidden state (observe)
+    reads_hidden = entry(name).reads_hidden   # the engine hands over the target's hidden state (observe)
 
     def __init__(self, target, head: Head | None = None, manifest: dict | None = None, depth: int | None = None,
                  topk: int | None = None, nodes: int | None = None):

@@ -26,7 +26,8 @@ from torch import nn
 
 from ..forward import Dense
 from ..tree import Tree, compile_tree
-from . import DraftContext, Drafter, DrafterUnavailable, Proposal, load_weights, trained_for, untrained, weights_for
+from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
+               weights_for)
 from .packed import mm
 from .vocab import DraftVocab
 
@@ -104,7 +105,7 @@ def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
 
 class Medusa(Drafter):
     name = "medusa"
-    reads_hidden = True   # the engine hands over the target's hidden state (observe)
+    reads_hidden = entry(name).reads_hidden   # the engine hands over the target's hidden state (observe)
 
     def __init__(self, target, heads: Heads | None = None, tree=None, manifest: dict | None = None):
         if heads is None:
