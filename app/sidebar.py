@@ -154,13 +154,16 @@ def build() -> None:
     except ValueError as e:   # the operator's setting is malformed: say so, keep the default
         sb.error(f"{str(e)[:1].upper()}{str(e)[1:]}; using {limits.DEFAULT_TOKENS}.")
         cap = limits.DEFAULT_TOKENS
-    if int(ss.max_new_tokens) > cap:   # from a link or an older session: clamped before the widget draws
+    cap = min(cap, BOUNDS["max_new_tokens"][1])
+    if int(ss.max_new_tokens) > cap:   # typed, from a link or an older session: clamped, and said, before it draws
         sb.warning(limits.cap_note(int(ss.max_new_tokens), cap), icon=":material/warning:")
         ss.max_new_tokens = cap
     c1, c2 = sb.columns(2)
     c1.number_input("Seed", *BOUNDS["seed"], step=1, key="seed")
-    c2.number_input("Max new tokens", BOUNDS["max_new_tokens"][0], min(cap, BOUNDS["max_new_tokens"][1]), step=8,
-                    key="max_new_tokens", help=f"At most {cap} on this server (setting `{limits.ENV_TOKENS}`).")
+    # no max_value: the widget would refuse a larger number silently (a red box, the old value kept); the clamp
+    # above says what it does instead
+    c2.number_input("Max new tokens", BOUNDS["max_new_tokens"][0], None, step=8, key="max_new_tokens",
+                    help=f"At most {cap} on this server (setting `{limits.ENV_TOKENS}`).")
 
     sb.markdown("### Numerics")
     sb.radio("Forward", list(FORWARDS), key="forward", format_func=FORWARDS.get, horizontal=True,

@@ -33,19 +33,16 @@ WARMUP_TOKENS = 8
 
 
 def scored(r: StepRecord) -> tuple[str, int]:
-    """What the step's one target forward scored: ("tree", nodes with the root) or ("chain", drafts + 1).
-    tree_step.verify leaves the scored ids (root first) in info["candidates"]."""
-    if "candidates" in r.info:
-        return "tree", len(r.info["candidates"])
+    """What the step's one target forward scored: ("tree", nodes with the root) or ("chain", drafts + 1)."""
+    if r.tree is not None:
+        return "tree", len(r.tree.nodes)
     return "chain", r.k + 1
 
 
 def depth(r: StepRecord) -> int:
     """Draft positions the step proposed: a chain's length, a tree's depth (one draft pass per level for the
     autoregressive drafters, the positions Leviathan et al.'s k counts)."""
-    if "tree" in r.info:
-        return max((len(p) for p in r.info["tree"]), default=0)
-    return r.k
+    return r.tree.depth if r.tree is not None else r.k
 
 
 def steady(runs: list[list[StepRecord]]) -> list[tuple[StepRecord, float]]:

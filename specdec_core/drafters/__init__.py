@@ -36,6 +36,8 @@ class Proposal:
     forwards: int = 0                        # draft-model forward passes spent
     info: dict = field(default_factory=dict)  # drafter-specific extras for the animation
     tree: object = None                      # a tree.Tree: tokens are its nodes after the root (tree_step.py)
+    conf: list[float] | None = None          # [m] a tree's nodes: the drafter's own probability of each token
+                                             # given its parent, for display (candidates verify as one-hot)
 
     @classmethod
     def empty(cls, **info) -> "Proposal":

@@ -228,7 +228,11 @@ class Eagle(Drafter):
             if len(self._trees) >= 4096:
                 self._trees.clear()
             tree = self._trees[key] = compile_tree(key)
-        by_path = {path[i]: tok[i] for i in keep}
-        nodes = torch.tensor([by_path[p] for p in tree.paths], dtype=torch.long)
-        return Proposal(nodes, tree=tree, info={"nodes": len(keep), "depth": tree.max_depth,
-                                                "draft_p": round(math.exp(max(score[i] for i in keep)), 4)})
+        by_path = {path[i]: i for i in keep}
+        nodes = torch.tensor([tok[by_path[p]] for p in tree.paths], dtype=torch.long)
+        # the head's probability of each node's token given its parent: its cumulative one over the parent's
+        conf = [math.exp(score[i] - (score[parent[i]] if parent[i] >= 0 else 0.0))
+                for i in (by_path[p] for p in tree.paths)]
+        return Proposal(nodes, tree=tree, conf=conf,
+                        info={"nodes": len(keep), "depth": tree.max_depth,
+                              "draft_p": round(math.exp(max(score[i] for i in keep)), 4)})

@@ -85,12 +85,15 @@ class PackedHeads:
         self.lm = Dense(w.detach().to(dtype).contiguous())                                            # [v, H]
         self.ids = heads.vocab.ids.to(w.device) if heads.vocab is not None else None
 
-    def __call__(self, h: torch.Tensor, k: int) -> torch.Tensor:
-        """h [H] -> [n, k] target ids: each head's k best tokens, best first."""
+    def __call__(self, h: torch.Tensor, k: int, probs: bool = False):
+        """h [H] -> [n, k] target ids: each head's k best tokens, best first; with `probs` also [n, k] each
+        head's probability of them (softmax over the tokens it ranks)."""
         y = mm(self.blocks, h.to(self.dtype)[None]).view(self.n, self.H)                            # [n, H]
         x = h.float() + F.silu(self.b + y)                                                          # [n, H] fp32
-        top = torch.topk(mm(self.lm, x.to(self.dtype)).float(), k, dim=-1).indices                   # [n, k]
-        return self.ids[top] if self.ids is not None else top
+        logits = mm(self.lm, x.to(self.dtype)).float()                                              # [n, v]
+        val, top = torch.topk(logits, k, dim=-1)                                                    # [n, k]
+        ids = self.ids[top] if self.ids is not None else top
+        return (ids, (val - torch.logsumexp(logits, -1, keepdim=True)).exp()) if probs else ids
 
 
 def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
@@ -150,6 +153,9 @@ class Medusa(Drafter):
             self._cut[ctx.k] = self.tree.pruned(ctx.k)
         tree = self._cut[ctx.k] if ctx.k < self.tree.max_depth else self.tree
         with torch.inference_mode():
-            top = self.fast(self.h, max(tree.width))[:tree.max_depth].cpu()                             # [D, W]
+            top, pr = self.fast(self.h, max(tree.width), probs=True)                                   # [n, W]
+        top, pr = top[:tree.max_depth].cpu(), pr[:tree.max_depth].cpu()                                 # [D, W]
         nodes = tree.tokens(ctx.tokens[-1], top)
-        return Proposal(nodes[1:], tree=tree, info={"heads": tree.max_depth})
+        d, r = tree.depth[1:] - 1, tree.rank[1:]
+        # head d-1's probability of each node's token (heads read only h: the same whatever the parent)
+        return Proposal(nodes[1:], tree=tree, conf=pr[d, r].tolist(), info={"heads": tree.max_depth})
