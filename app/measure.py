@@ -23,10 +23,10 @@ from specdec_core.bench.workloads import WORKLOADS
 from . import runs, turns
 from .runs import Settings, UserError
 
-SPEC = tuple(n for n in drafters.NAMES if n != "none")   # what can be measured against the baseline
-COLORS = {"none": "#546e7a", "lookup": "#2e7d32", "draft": "#1565c0", "early-exit": "#ef6c00",
-          "medusa": "#7b1fa2", "eagle": "#c62828", "suffix": "#00838f"}
+SPEC = drafters.SPECULATIVE   # what can be measured against the baseline
 BASE_COLOR = "#546e7a"
+COLORS = {drafters.PLAIN: BASE_COLOR, "lookup": "#2e7d32", "suffix": "#00838f", "draft": "#1565c0",
+          "early-exit": "#ef6c00", "medusa": "#7b1fa2", "eagle": "#c62828"}
 FONT = dict(size=14)
 
 
@@ -200,7 +200,7 @@ def pick_values(label: str, key: str, options: list, default: list, help: str = 
 
 
 def label(name: str, s: Settings) -> str:
-    return f"draft ({s.draft_model})" if name == "draft" else name
+    return f"{name} ({s.draft_model})" if drafters.entry(name).draft_model else name
 
 
 def sweep_points(sweep: Callable, tgt, specs: list[tuple[str, object]], prompts: list, values: list, s: Settings,
@@ -222,10 +222,7 @@ def resolve(names: list[str], s: Settings, tgt) -> tuple[list[tuple[str, object]
         except UserError as e:
             notes.append(f"Skipped `{n}`: {e}")
             continue
-        spec = (s.draft_model or "").strip()
-        lm = None if n != "draft" else tgt if spec == runs.BUNDLED else None if spec == runs.DISTILLED \
-            else runs.model(spec)
-        ok.append((n, lm))
+        ok.append((n, runs.draft_lm(dataclasses.replace(s, drafter=n), tgt)))
     return ok, notes
 
 

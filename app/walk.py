@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from specdec_core import SamplingParams, engine
+from specdec_core import SamplingParams, drafters, engine
 
 from . import runs, turns, view
 
@@ -44,14 +44,14 @@ def run_drafter(drafter_name: str, prompt: str, k: int = 4, tokens: int = TOKENS
     """(tokens, records, metrics) of one run of the named drafter on `prompt`, greedy unless `sp` says."""
     tgt = runs.target()
     d = make(drafter_name, tgt, k)
-    ids, recs, m = engine.run(tgt, d, tgt.encode(prompt).tolist(), sp=sp, k=0 if drafter_name == "none" else k,
+    ids, recs, m = engine.run(tgt, d, tgt.encode(prompt).tolist(), sp=sp, k=drafters.entry(drafter_name).k(k),
                               max_new_tokens=tokens)
     return ids, recs, m
 
 
 def make(name: str, tgt, k: int = 4):
     """The named drafter as the app builds it; a draft model is the distilled one shipped for the target."""
-    return runs.make_drafter(runs.Settings(drafter=name, draft_model=runs.DISTILLED, k=k), tgt)
+    return runs.make_drafter(runs.Settings(drafter=name, draft_model=drafters.DISTILLED, k=k), tgt)
 
 
 def chips(recs) -> None:

@@ -59,7 +59,7 @@ g_clicked = st.button("Run the greedy check", type="primary", key="ct_greedy_go"
 def greedy_rows(tgt, specs, live):
     sp = SamplingParams(0.0, 0, 1.0, s.seed)
     ids = measure.encode(tgt, [t for _, t in PROMPTS[:n_prompts]])
-    none = drafters.make("none", tgt)
+    none = drafters.make(drafters.PLAIN, tgt)
     for (pname, _), prompt in zip(PROMPTS, ids):
         plain, _, _ = engine.run(tgt, none, prompt, sp=sp, max_new_tokens=max_new, detail=False)
         live.tick(f"{pname}, plain")
@@ -67,9 +67,7 @@ def greedy_rows(tgt, specs, live):
             spec, _, _ = engine.run(tgt, drafters.make(n, tgt, lm), prompt, sp=sp, k=s.k, max_new_tokens=max_new,
                                     detail=False)
             live.tick(f"{pname}, {n}")
-            j = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
-            if j is None and len(plain) != len(spec):
-                j = min(len(plain), len(spec))
+            j = invariance.first_difference(plain, spec)
             row = {"Prompt": pname, "Drafter": measure.label(n, s), "Tokens plain": len(plain),
                    "Tokens spec": len(spec), "Identical": j is None, "First difference at token": j,
                    "p(plain token)": None, "p(spec token)": None,
@@ -192,8 +190,8 @@ def sample_all(tgt, specs, live, res):
     prompt = measure.encode(tgt, [PROMPTS[pi][1]])[0]
     counts, stats = {}, {}
     sp = measure.sampling(temp, s)
-    for side, (n, lm) in enumerate([("none", None)] + specs):
-        name = "none" if n == "none" else measure.label(n, s)
+    for side, (n, lm) in enumerate([(drafters.PLAIN, None)] + specs):
+        name = measure.label(n, s)
 
         def tick(i, so_far):
             counts[name] = so_far
@@ -202,17 +200,17 @@ def sample_all(tgt, specs, live, res):
                 live.draw(hist_figure(tgt, counts))
         seeded = dataclasses.replace(sp, seed=s.seed + side * n_samples)   # disjoint seeds: independent sides
         counts[name], checked, accepted = contract.sample_first(tgt, drafters.make(n, tgt, lm), prompt, seeded,
-                                                                n_samples, span, 0 if n == "none" else s.k, tick)
+                                                                n_samples, span, drafters.entry(n).k(s.k), tick)
         stats[name] = {"checked": checked, "accepted": accepted}
     res.extra["counts"] = counts
     top = sorted({t for c in counts.values() for t in c}, key=lambda t: -sum(c.get(t, 0) for c in counts.values()))
     res.extra["ref"] = contract.exact(tgt, prompt, top[:SHOWN], dataclasses.replace(sp, seed=0))
     for name in list(counts)[1:]:
-        cmp = contract.two_sample(counts["none"], counts[name], s.seed)
+        cmp = contract.two_sample(counts[drafters.PLAIN], counts[name], s.seed)
         yield {"Drafter": name, "Runs per side": n_samples, "Temperature": temp, "Tokens compared": span,
                "Drafts checked in the span": stats[name]["checked"],
                "Drafts accepted in the span": stats[name]["accepted"],
-               "Distinct outcomes": len(set(counts["none"]) | set(counts[name])),
+               "Distinct outcomes": len(set(counts[drafters.PLAIN]) | set(counts[name])),
                "Total variation": cmp["tv"], "TV by chance (median)": cmp["tv_chance_median"],
                "TV by chance (95%)": cmp["tv_chance_95"], "Chi-square": cmp["chi2"], "Bins": cmp["bins"],
                "p-value": cmp["p_value"]}

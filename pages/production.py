@@ -9,6 +9,7 @@ import streamlit as st
 import torch
 
 from app import runs, sidebar, turns
+from specdec_core import drafters
 from specdec_core.bench import sweeps
 from specdec_core.serving import checklist, engines, peer, remote
 
@@ -32,7 +33,7 @@ for tab, e in zip(tabs, table.values()):
     with tab:
         if not e.supported:
             st.warning(f"{e.title}: no equivalent for the **{s.drafter}** draft source.")
-        elif s.drafter == "none":
+        elif not drafters.entry(s.drafter).drafts:
             st.info("Plain decoding: no speculative configuration, this is the baseline.")
         st.code(e.snippet, language="bash" if e.snippet.startswith(("llama-server", "python -m")) else "python",
                 wrap_lines=True)
@@ -54,9 +55,9 @@ chosen = c1.multiselect("Fixed prompts (first example of each workload)", [n for
                         default=[n for n, _ in pool][:3], key="ck_prompts")
 n_tok = c2.slider("New tokens per prompt", 4, 48, 24, step=4, key="ck_tokens",
                   help="Small on purpose: on a CPU each run takes seconds.")
-if s.drafter == "none":
+if not drafters.entry(s.drafter).drafts:
     st.info("Pick a drafter in the sidebar: with `none` there is nothing to compare against the baseline.")
-if st.button("Run the checklist", key="run_checklist", type="primary", disabled=s.drafter == "none" or not chosen):
+if st.button("Run the checklist", key="run_checklist", type="primary", disabled=not drafters.entry(s.drafter).drafts or not chosen):
     bar = st.progress(0.0, text="Running the baseline and the speculative decoder on each prompt…")
     try:
         tgt = runs.target()

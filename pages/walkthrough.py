@@ -56,7 +56,7 @@ prompt that repeats itself, counting target passes.""")
     def _idle():
         tgt = runs.target()
         cost = passes.token_cost(tgt, tgt.encode(REPEAT).tolist(), 1, 8)
-        _, _, plain = run_drafter("none", REPEAT, tokens=16)
+        _, _, plain = run_drafter(drafters.PLAIN, REPEAT, tokens=16)
         _, recs, look = run_drafter("lookup", REPEAT, tokens=16)
         return cost, plain, look, recs
     r = live("idle", "Measure one pass, then decode 16 tokens both ways", _idle)
@@ -159,7 +159,7 @@ construction; the sidebar's *Forward* switch brings back transformers' own forwa
 the **Output contract** page measures both.""")
 
     def _exact():
-        a, _, _ = run_drafter("none", REPEAT)
+        a, _, _ = run_drafter(drafters.PLAIN, REPEAT)
         b, recs, m = run_drafter("lookup", REPEAT)
         return a, b, recs, m
     r = live("exact", f"Decode {TOKENS} tokens with and without the draft (greedy)", _exact)

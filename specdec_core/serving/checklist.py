@@ -21,6 +21,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specdec_core import SamplingParams, drafters, engine
+from specdec_core.bench.invariance import difference, first_difference
 from specdec_core.bench.sweeps import ratios, rounds
 
 LOW_ACCEPTANCE = 0.25   # below this a draft of 4 commits under 1.33 tokens a step (Leviathan et al. eq. 1): off
@@ -38,11 +39,8 @@ class PromptResult:
 
     @property
     def first_diff(self) -> int | None:
-        """Index of the first differing token, None when the sequences are identical."""
-        for i, (a, b) in enumerate(zip(self.base_ids, self.spec_ids)):
-            if a != b:
-                return i
-        return None if len(self.base_ids) == len(self.spec_ids) else min(len(self.base_ids), len(self.spec_ids))
+        """Index of the first differing token (bench.invariance.first_difference), None when identical."""
+        return first_difference(self.base_ids, self.spec_ids)
 
     @property
     def speedup(self) -> float:
@@ -69,7 +67,7 @@ def run(target, make_drafter, prompts: list[str], k: int, max_new_tokens: int, o
     if not prompts:
         raise ValueError("the checklist needs at least one prompt")
     sp = SamplingParams(temperature=0.0)
-    none = drafters.make("none", target)
+    none = drafters.make(drafters.PLAIN, target)
     ids = [target.encode(text).tolist() for text in prompts]
     engine.run(target, none, ids[0], sp=sp, k=0, max_new_tokens=WARMUP_TOKENS, detail=False)
     engine.run(target, make_drafter(), ids[0], sp=sp, k=k, max_new_tokens=WARMUP_TOKENS, detail=False)
@@ -95,10 +93,10 @@ def table(results: list[PromptResult], by_prompt: bool = False) -> pd.DataFrame:
     """One row per prompt; `by_prompt`: one column per prompt instead, as text (narrow enough for a page)."""
     rows = []
     for n, r in enumerate(results, 1):
-        d, t = r.first_diff, r.timing
-        keep, why = r.decision()
+        t = r.timing
+        keep, _ = r.decision()
         rows.append({"prompt": f"prompt {n}", "tokens": r.spec.tokens,
-                     "greedy tokens": "identical" if d is None else f"differ from token {d + 1}",
+                     "greedy tokens": difference(r.base_ids, r.spec_ids),
                      "acceptance rate": round(r.spec.acceptance_rate, 3),
                      "tokens per step": round(r.spec.mean_acceptance_length, 2),
                      "TTFT ms (plain / spec)": f"{r.base.ttft_s * 1e3:.0f} / {r.spec.ttft_s * 1e3:.0f}",
