@@ -1,11 +1,16 @@
 """Plain-words captions for each phase of a step, written for a classroom (no formulas needed to follow)."""
 from __future__ import annotations
 
-from specdec_core.drafters import DESCRIPTIONS
+from specdec_core.drafters import DESCRIPTIONS, entry
 from specdec_core.records import StepRecord
 
 from .frames import DRAFT, VERIFY, Frame
 from .view import show
+
+
+def count(n: int, one: str, many: str | None = None) -> str:
+    """'1 token', '2 tokens': the number with its noun in the right number."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def q_word(q: float) -> str:
@@ -95,7 +100,7 @@ def caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
     m = rec.k
     if f.phase == DRAFT:
         if m == 0:
-            if rec.drafter == "none":
+            if not entry(rec.drafter).drafts:
                 return ("Plain decoding: there is no drafter, so the big target model produces exactly one "
                         "token for each forward pass. This is the baseline speculation tries to beat.")
             why = {"lookup": " (nothing in the context to copy)",
@@ -108,10 +113,9 @@ def caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
             n = rec.info["ngram"]
             how = (f" The last {n} token{'s' if n > 1 else ''} of the text also appeared earlier, so it "
                    "proposes what followed them there.")
-        return (f"<b>Draft.</b> The drafter ({src}) quickly guesses the next {m} token{'s' if m != 1 else ''}: "
-                f"{f.shown} of {m} so "
-                f"far (purple, dashed).{how} Guessing is cheap. Nothing is decided yet: next, the big target "
-                f"model checks all {m} guesses together in a single forward pass.")
+        return (f"<b>Draft.</b> The drafter ({src}) quickly guesses the next {count(m, 'token')}: {f.shown} of "
+                f"{m} so far (purple, dashed).{how} Guessing is cheap. Nothing is decided yet: next, the big target "
+                f"model checks {'all ' if m > 1 else ''}{count(m, 'guess', 'guesses')} in a single forward pass.")
     if f.phase == VERIFY:
         j = f.checked - 1
         pos = rec.positions[j]
@@ -133,7 +137,7 @@ def caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
         after = (" The next guess gets its turn." if ok and j + 1 < m else "") if ok else \
             " Every guess after it is thrown away too, because it was built on a wrong token."
         return lead + rule + verdict + after
-    kept = f"{rec.n_accepted} of {m} guesses kept" if m else "no guesses"
+    kept = f"{rec.n_accepted} of {count(m, 'guess', 'guesses')} kept" if m else "no guesses"
     n = len(rec.committed)
     tail = (f" This step committed <b>{n} token{'s' if n != 1 else ''}</b> for one forward pass of the target "
             f"({kept}).")
@@ -143,7 +147,8 @@ def caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
                 f"chart on the right. It drew “{show(rec.final_piece)}” (orange). This correction is what makes "
                 "the output exactly as likely as if the target had written it alone." + tail)
     if rec.final_kind == "bonus":
-        return (f"<b>Bonus.</b> All {m} guesses passed. The same forward pass already computed the target's "
+        return (f"<b>Bonus.</b> {'All ' if m > 1 else ''}{count(m, 'guess', 'guesses')} passed. The same forward "
+                f"pass already computed the target's "
                 f"distribution for the position after them, so one more token comes for free: "
                 f"“{show(rec.final_piece)}” (blue)." + tail)
     return f"The target draws “{show(rec.final_piece)}” from its own distribution p." + tail

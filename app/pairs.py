@@ -33,20 +33,20 @@ def time_pairs(s: runs.Settings, plain: runs.Run, spec: runs.Run, prog) -> Timed
     """Time sweeps.REPEATS pairs in all (the live one counts as the first, plain then speculative), each pair
     back to back in the order sweeps.rounds gives; records kept (detail on, as the live pair) for the replay."""
     tgt = runs.target()
-    lanes = {"none": (drafters.make("none", tgt), 0), "spec": (runs.make_drafter(s, tgt), int(s.k))}
-    got = {"none": [plain], "spec": [spec]}
+    lanes = {"plain": (drafters.make(drafters.PLAIN, tgt), 0), "spec": (runs.make_drafter(s, tgt), int(s.k))}
+    got = {"plain": [plain], "spec": [spec]}
     with turns.hold(turns.shown(prog)) as turn:   # the shared model, one turn at a time (app/turns.py)
-        for r, sp, order in sweeps.rounds(s.sampling(), sweeps.REPEATS, ["none", "spec"]):
+        for r, sp, order in sweeps.rounds(s.sampling(), sweeps.REPEATS, ["plain", "spec"]):
             if r == 0:
                 continue                            # the live pair
             for name in order:
                 d, k = lanes[name]
                 _, recs, _ = engine.run(tgt, d, plain.prompt_ids, sp=sp, k=k, max_new_tokens=int(s.max_new_tokens),
                                         k_policy=s.k_policy if k else "fixed")
-                base = plain if name == "none" else spec
+                base = plain if name == "plain" else spec
                 got[name].append(dataclasses.replace(base, records=recs, status="done"))
             prog.progress(r / (sweeps.REPEATS - 1), text=f"Timed {r + 1} of {sweeps.REPEATS} pairs")
             turn.spell()   # between pairs (never inside one) others may take a turn
     tps = {n: [x.metrics.tokens_per_s for x in v] for n, v in got.items()}
-    timing = sweeps.ratios(tps["spec"], tps["none"])
-    return Timed(got["none"], got["spec"], timing, median_index(tps["spec"], tps["none"], timing))
+    timing = sweeps.ratios(tps["spec"], tps["plain"])
+    return Timed(got["plain"], got["spec"], timing, median_index(tps["spec"], tps["plain"], timing))

@@ -6,12 +6,12 @@ from __future__ import annotations
 import streamlit as st
 
 from specdec_core import drafters
-from specdec_core.drafters import distilled
+from specdec_core.drafters.registry import WEIGHTS
 from specdec_core.sampling import MAX_TEMPERATURE
 from specdec_core.bench.workloads import WORKLOADS
 
 from . import limits
-from .runs import BUNDLED, DISTILLED, FORWARDS, MODEL_DRAFTS, Settings
+from .runs import BUNDLED, FORWARDS, Settings
 
 CUSTOM = "custom"
 # batch serving is a throughput story; a one-request demo cannot show it
@@ -24,9 +24,15 @@ FALLBACK_PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. 
 # code) must also keep, since a widget given a value outside its range silently falls back to its minimum
 BOUNDS = {"k": (1, 12), "temperature": (0.0, min(2.0, MAX_TEMPERATURE)), "top_p": (0.05, 1.0),
           "seed": (0, 2**31 - 1), "max_new_tokens": (1, 512)}
+def _ships() -> bool:
+    """Whether the distilled draft's weights ship (they are trained for the bundled target, the app's)."""
+    stem = drafters.entry("draft").weights
+    return bool(stem) and (WEIGHTS / f"{stem}.safetensors").exists()
+
+
 # the draft model the `draft` drafter starts on: the small one distilled for the bundled target where it ships
 # (the target drafting for itself accepts everything at T = 0 and is slower than plain decoding)
-DEFAULTS = dict(drafter="lookup", draft_model=DISTILLED if distilled.shipped() else BUNDLED, k=4, top_p=1.0, seed=0,
+DEFAULTS = dict(drafter="lookup", draft_model=drafters.DISTILLED if _ships() else BUNDLED, k=4, top_p=1.0, seed=0,
                 max_new_tokens=48,
                 workload=DEFAULT_WORKLOAD, example=0, forward="ours", k_policy="fixed", draft_sampling="sample")
 K_POLICIES = {"fixed": "fixed k", "schedule": "schedule (adaptive)", "confidence": "stop when unsure"}
@@ -101,7 +107,8 @@ def _on_prompt_edit() -> None:
         st.session_state.workload = CUSTOM
 
 
-def build() -> Settings:
+def build() -> None:
+    """The sidebar's controls, once per script run (main.py); pages read the settings with `current()`."""
     init_state()
     ss = st.session_state
     sb = st.sidebar
@@ -126,24 +133,25 @@ def build() -> Settings:
 
     sb.markdown("### Drafter")
     sb.selectbox("Drafter", list(drafters.NAMES), key="drafter",
-                 format_func=lambda n: f"{n}: plain decoding" if n == "none" else n)
+                 format_func=lambda n: n if drafters.entry(n).drafts else f"{n}: plain decoding")
     sb.caption(drafters.DESCRIPTIONS.get(ss.drafter, ""))
-    sb.text_input("Draft model", key="draft_model", disabled=ss.drafter != "draft",
+    e = drafters.entry(ss.drafter)
+    sb.text_input("Draft model", key="draft_model", disabled=not e.draft_model,
                   help="For the `draft` drafter: `distilled` (the default where it ships) uses the small draft "
                        "trained for the bundled target; `bundled` lets the target draft for itself (at "
                        "temperature 0 every draft is accepted, and every draft costs a full target pass); "
                        "or a local model directory / hub id with the same vocabulary. This server lets a visitor "
                        f"load: {limits.described()} (setting `{limits.ENV_MODELS}`).")
-    if ss.drafter == "draft":
+    if e.draft_model:
         sb.caption(f"Draft models a visitor may load on this server: {limits.described()}.")
-    sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=ss.drafter == "none")
+    sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=not e.drafts)
     sb.selectbox("Draft length", list(K_POLICIES), key="k_policy", format_func=K_POLICIES.get,
-                 disabled=ss.drafter == "none",
+                 disabled=not e.drafts,
                  help="Fixed: k every step. Schedule: start at k, +2 after a fully accepted draft, −1 otherwise "
                       "(transformers' heuristic). Confidence: a model draft stops guessing when its top probability "
                       "falls under 0.4, k being the most. None of them changes the output.")
     sb.radio("Draft guesses (model drafts, T > 0)", list(DRAFTING), key="draft_sampling", format_func=DRAFTING.get,
-             horizontal=True, disabled=ss.drafter not in MODEL_DRAFTS,
+             horizontal=True, disabled=not e.reports_q,
              help="Sampled: the guess is drawn from the draft's q and kept with probability min(1, p/q). Greedy: "
                   "the draft's most likely token, q one-hot, kept with probability p(x), as serving engines do by "
                   "default. Both are exact.")
@@ -174,7 +182,6 @@ def build() -> Settings:
                   "so greedy speculation gives exactly plain decoding's tokens. Transformers' forward (the "
                   "reference) rounds a many-token pass differently: on a near-tie its speculative output can "
                   "drift. The Output contract page shows both.")
-    return current()
 
 
 def current() -> Settings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from specdec_core.drafters import entry
 from specdec_core.records import StepRecord
 
 from . import captions, costs, frames, tree_view, view
@@ -89,7 +90,7 @@ def metrics(recs: list[StepRecord], step: int, baseline, plain: dict | None) -> 
     st.caption(":material/warning: **Speedup vs plain** — " + ONE_RUN)
     st.markdown("##### Where the time went")
     st.caption(costs.step_line(recs[step], plain))
-    if recs[-1].drafter != "none":
+    if entry(recs[-1].drafter).drafts:
         costs.render(recs, plain, "The whole run: a step and a token, plain against speculative", "costs",
                      m.acceptance_rate if m.drafted else None)
 

@@ -12,7 +12,7 @@ import re
 
 import plotly.graph_objects as go
 
-from specdec_core.records import Candidate, Position, StepRecord
+from specdec_core.records import DRAFTED, Candidate, Position, StepRecord
 
 from .frames import DRAFT, RESULT, VERIFY, Frame
 
@@ -134,7 +134,7 @@ def committed_chips(rec: StepRecord) -> list[tuple[str, str, str, int]]:
     out = []
     for j, c in enumerate(rec.committed):
         title = f"{ORIGIN_WORDS.get(c.origin, c.origin)} (step {rec.index + 1})"
-        if c.origin == "draft" and j < len(rec.positions):
+        if c.origin == DRAFTED and j < len(rec.positions):
             pos = rec.positions[j]
             title += f": p(x) = {pos.p:.3f}, q(x) = {pos.q:.3f}, u = {pos.u:.3f} < min(1, p/q) = {pos.accept_prob:.3f}"
         elif c.origin == "resampled":

@@ -11,6 +11,7 @@ import streamlit as st
 import pandas as pd
 
 from app import costs, pairs, play, runs, sidebar, view
+from specdec_core import drafters
 from specdec_core.bench import sweeps
 
 SPEEDS = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
@@ -27,13 +28,13 @@ st.markdown(
     "the text is done. They are measured one after the other, then replayed here on a shared clock.")
 
 s = sidebar.current()
-plain_s = dataclasses.replace(s, drafter="none")
+plain_s = dataclasses.replace(s, drafter=drafters.PLAIN)
 c1, c2 = st.columns([1, 4], vertical_alignment="center")
 clicked = c1.button("Start the race", type="primary", key="race", icon=":material/sports_score:")
 c2.caption(s.summary())
 holder, slot = play.slots()
 NONE_NOTE = None
-if s.drafter == "none":
+if not drafters.entry(s.drafter).drafts:
     NONE_NOTE = ("The drafter in the sidebar is `none`, so both lanes are plain decoding. Pick `lookup` or "
                  "`draft` to see speculation win (or lose).")
 
@@ -128,7 +129,7 @@ def board():
         finished = last is run.records[-1]
         with col:
             name = sub or f"drafter `{run.settings.drafter}`" + (f", k = {run.settings.k}"
-                                                                 if run.settings.drafter != "none" else "")
+                                                                 if drafters.entry(run.settings.drafter).drafts else "")
             st.subheader((":material/trophy: " if finished and last.elapsed == min(plain.records[-1].elapsed,
                                                                       spec.records[-1].elapsed) else "") + title)
             st.caption(name)

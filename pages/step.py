@@ -5,6 +5,7 @@ import time
 import streamlit as st
 
 from app import captions, costs, frames, play, runs, sidebar, step_panels, turns, view
+from specdec_core import drafters
 from specdec_core.metrics import summarize
 
 BASE_S = 0.9  # seconds per frame at 1x
@@ -23,7 +24,7 @@ settings = sidebar.current()
 c1, c2 = st.columns([1, 4], vertical_alignment="center")
 go_clicked = c1.button("Generate", type="primary", key="generate", icon=":material/play_circle:")
 c2.caption(settings.summary())
-if settings.drafter == "suffix":
+if drafters.entry(settings.drafter).session_index:
     ix = ss.get("suffix_index")
     seen = f"{len(ix.docs)} runs ({ix.size} tokens) so far" if ix is not None and ix.docs else "nothing yet"
     st.info(f"Suffix decoding drafts from everything this session has decoded: {seen}. Press **Generate** twice "
@@ -57,7 +58,7 @@ def generate(s: runs.Settings) -> None:
         play.stream(run, records, prog, live, lambda rec: f"Step {rec.index + 1}: {rec.n_generated} of up to "
                                                           f"{s.max_new_tokens} tokens, {rec.elapsed:.1f} s")
         base = run.records
-        if s.drafter != "none":
+        if drafters.entry(s.drafter).drafts:
             prog.progress(1.0, text="Decoding the same prompt plainly (no drafter) to measure the speedup…")
             base = runs.baseline(s, run.prompt_ids, turns.shown(prog))
         run.baseline, ss.step_plain = summarize(base), costs.split(base)

@@ -201,6 +201,11 @@ class _Rows:
         return max(self.cache.lens), list(self.cache.lens)
 
 
+def rows(target: LM, B: int, hidden: bool = False) -> "_Rows | _Holes":
+    """B sequences through the target's own forward as decode_batch runs them: prefill, step, commit, end_step."""
+    return (_Rows if target.fwd is not None else _Holes)(target, B, hidden)
+
+
 def decode_batch(target: LM, make_drafter: Callable[[], Drafter], prompts: list[list[int]] | list[torch.Tensor],
                  sp: SamplingParams | None = None, k: int | None = None, max_new_tokens: int = 64,
                  stop_at_eos: bool = True, seeds: list[int] | None = None,

@@ -26,6 +26,9 @@ class Position:
     q_top: list[Candidate] = field(default_factory=list)
 
 
+DRAFTED = "draft"   # a committed token's origin when it is an accepted draft token
+
+
 @dataclass
 class Committed:
     token: int

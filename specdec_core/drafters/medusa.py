@@ -18,7 +18,6 @@ target forward here.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -27,7 +26,8 @@ from torch import nn
 
 from ..forward import Dense
 from ..tree import Tree, compile_tree
-from . import DraftContext, Drafter, DrafterUnavailable, Proposal
+from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
+               weights_for)
 from .packed import mm
 from .vocab import DraftVocab
 
@@ -98,15 +98,7 @@ class PackedHeads:
 
 def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
     """The shipped heads and their manifest."""
-    from safetensors import safe_open
-    if not path.exists():
-        raise DrafterUnavailable(f"no Medusa heads at {path.name}: train them with "
-                                 "`python -m specdec_core train medusa`")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        sd = {k: f.get_tensor(k) for k in f.keys()}
-    man_path = path.with_name(path.stem + ".manifest.json")
-    manifest = json.loads(man_path.read_text()) if man_path.exists() else {}
+    sd, meta, manifest = load_weights(path, "medusa")
     ids = sd.pop("draft_vocab", None)
     w = sd["w"]
     heads = Heads(w.shape[-1], w.shape[0], DraftVocab(ids, int(meta["vocab_size"])) if ids is not None else None)
@@ -116,10 +108,12 @@ def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
 
 class Medusa(Drafter):
     name = "medusa"
-    reads_hidden = True   # the engine hands over the target's hidden state (observe)
+    reads_hidden = entry(name).reads_hidden   # the engine hands over the target's hidden state (observe)
 
     def __init__(self, target, heads: Heads | None = None, tree=None, manifest: dict | None = None):
         if heads is None:
+            if not weights_for(self.name, target):
+                raise untrained(self.name, target)
             heads, manifest = load_heads()
         manifest = manifest or {}
         hidden = int(target.model.config.hidden_size)
@@ -127,7 +121,7 @@ class Medusa(Drafter):
             raise DrafterUnavailable(f"the Medusa heads were trained for hidden size {heads.w.shape[-1]}, "
                                      f"this target has {hidden}: train heads for it")
         want = manifest.get("target")
-        if want and want != target.name:
+        if want and not trained_for(manifest, target):
             raise DrafterUnavailable(f"the Medusa heads were trained for {want!r}, not {target.name!r}")
         paths = tree if tree is not None else [tuple(p) for p in manifest.get("tree", DEFAULT_TREE)]
         self.tree: Tree = paths if isinstance(paths, Tree) else compile_tree(paths)

@@ -20,7 +20,7 @@ import math
 import torch
 
 from ..tree import compile_tree
-from . import DraftContext, Drafter, Proposal
+from . import DraftContext, Drafter, Proposal, entry
 
 MAX_OCC = 256   # occurrences merged per step: a frequent short suffix would otherwise cost a long scan
 
@@ -81,7 +81,7 @@ class SuffixIndex:
 
 class Suffix(Drafter):
     name = "suffix"
-    default_k = 8     # the deepest branch; the tree's size adapts to the match
+    default_k = entry(name).default_k   # the deepest branch; the tree's size adapts to the match
 
     def __init__(self, index: SuffixIndex | None = None, factor: float = 2.0, max_nodes: int = 24,
                  min_prob: float = 0.1):
