@@ -8,6 +8,7 @@ from plotly.subplots import make_subplots
 
 from app import measure, sidebar
 from specdec_core.bench import reference, showcase, sweeps
+from specdec_core.drafters import PLAIN
 
 KEY = "measure_drafters"
 measure.settle(KEY)
@@ -33,7 +34,7 @@ SAME_PROMPT = bool(ref) and ref["drafters"].get("prompt") == s.prompt
 
 
 def figure(rows: list[dict]) -> go.Figure:
-    rows = [r for r in rows if r["drafter"] != "none"]
+    rows = [r for r in rows if r["drafter"] != PLAIN]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=["speedup (× plain tokens/s)", "ms per step: where the time went"])
     names = [r["drafter"] for r in rows]
@@ -79,7 +80,7 @@ def run_all() -> None:
 res = measure.results(KEY, params, go_clicked, run_all,
                       "Press **Run every drafter**: each drafter and plain decoding, three times each, on the "
                       "sidebar's prompt (about a minute on a laptop CPU).")
-measure.noise_note([r for r in res.rows if r["drafter"] != "none"])
+measure.noise_note([r for r in res.rows if r["drafter"] != PLAIN])
 st.plotly_chart(figure(res.rows), key="all_chart", width="stretch")
 if ref:
     st.caption(f"Faint bars: {reference.label(ref)}, on "
@@ -97,7 +98,7 @@ out = out.rename(columns={"acceptance_rate": "Acceptance", "tokens_per_step": "T
                           "c": "c (draft / plain step, per position)", "same": "Same tokens as plain",
                           "reference": "Reference speedup"})
 measure.table(out.round(3), "drafters")
-losers = df[(df["drafter"] != "none") & (df["speedup"] < 1) & (df["acceptance_rate"] >= 0.5)]
+losers = df[(df["drafter"] != PLAIN) & (df["speedup"] < 1) & (df["acceptance_rate"] >= 0.5)]
 for _, r in losers.iterrows():
     st.markdown(f"- **`{r['drafter']}`** kept {r['acceptance_rate']:.0%} of its guesses ({r['tokens_per_step']:.2f} "
                 f"tokens a step) yet ran at {r['speedup']:.2f}×: its step took {r['step_ms']:.1f} ms (draft "

@@ -10,6 +10,7 @@ import streamlit as st
 from app import limits, measure, sidebar
 from specdec_core.bench import reference, showcase, sweeps
 from specdec_core.bench.workloads import WORKLOADS
+from specdec_core.drafters import entry
 
 KEY = "measure_workloads"
 BATCH_SIZES = [4, 8, 16, 32, 64]
@@ -23,7 +24,7 @@ measure.settle(KEY, wl_which=list(WORKLOADS), wl_prompts=3, wl_max_new=32, wl_ow
 def drafter(name: str) -> str:
     """A workload's own drafter as the page names it (a draft model's name in brackets)."""
     w = WORKLOADS[name]
-    return f"draft ({w.draft_model})" if w.drafter == "draft" else w.drafter
+    return f"draft ({w.draft_model})" if entry(w.drafter).draft_model else w.drafter
 
 
 st.title("Workloads: where does speculation pay?")
@@ -100,7 +101,7 @@ def figure(rows: list[dict]) -> go.Figure:
 
 def row(r: dict) -> dict:
     """A showcase.workload_rows row as the table shows it."""
-    who = f"draft ({r['draft_model'] or s.draft_model})" if r["drafter"] == "draft" else r["drafter"]
+    who = f"draft ({r['draft_model'] or s.draft_model})" if entry(r["drafter"]).draft_model else r["drafter"]
     rf = reference.rows_by(ref, "workloads", "workload").get(r["workload"], {})
     return {"name": r["workload"], "Workload": WORKLOADS[r["workload"]].label, "Drafter": who,
             "Temperature": r["temperature"], "Requests": r["requests"], "Decoded": r["decoded"],
@@ -134,7 +135,7 @@ def total(specs) -> int:
 
 def measure_all() -> None:
     # each workload's own drafters are checked with its own draft model, not the sidebar's
-    mine = replace(s, draft_model=next((w.draft_model for w in WORKLOADS.values() if w.drafter == "draft"),
+    mine = replace(s, draft_model=next((w.draft_model for w in WORKLOADS.values() if entry(w.drafter).draft_model),
                                        s.draft_model)) if own else s
     measure.measure(KEY, params, names, mine, total, points, figure, "Measuring")
 

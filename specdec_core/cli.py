@@ -424,7 +424,7 @@ def cmd_reference(args) -> int:
         print(f"{r['workload']:>10} {r['drafter']:>10}  {r['speedup']:.2f}x ({r['speedup_min']:.2f}-"
               f"{r['speedup_max']:.2f})  {r['benefit']:<8} lesson {r['expected']:<22} "
               f"{'lands' if r['lands'] else 'differs: ' + r['why']}", file=sys.stderr)
-    specs, notes = showcase.buildable(target, [n for n in NAMES if n != "none"], draft_lm)
+    specs, notes = showcase.buildable(target, [n for n in NAMES if n != PLAIN], draft_lm)
     every = showcase.every(target, specs, target.encode(prompt, raw=args.raw).tolist(), sp, args.max_new_tokens,
                            None, tick, args.repeats)
     bar.close()

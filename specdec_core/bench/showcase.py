@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from ..drafters import NAMES, DrafterUnavailable, make
+from ..drafters import BUNDLED, NAMES, PLAIN, DrafterUnavailable, entry, make
 from ..engine import run
 from ..models import LM
 from ..sampling import SamplingParams
@@ -24,9 +24,9 @@ ORDER = ("Negative", "Low", "Moderate", "High")   # benefit() from worst to best
 def own_drafter(target: LM, w: Workload) -> tuple[str, object]:
     """(drafter, draft model) that shows workload `w` best: None as the draft model of `draft` picks the
     distilled draft shipped for the bundled target (drafters.make); `bundled` lets the target draft for itself."""
-    if w.drafter != "draft":
+    if not entry(w.drafter).draft_model:
         return w.drafter, None
-    return "draft", target if w.draft_model == "bundled" else None
+    return w.drafter, target if w.draft_model == BUNDLED else None
 
 
 def why(w: Workload, r: dict) -> str:
@@ -48,7 +48,7 @@ def why(w: Workload, r: dict) -> str:
 def warm(target: LM, specs: list[tuple[str, object]], ids: list[int], sp: SamplingParams) -> None:
     """A few untimed tokens with plain decoding and each drafter first: one-off costs (a draft model's load,
     the allocator, kernels) would otherwise land in the first timed pair."""
-    for n, lm in [("none", None)] + list(specs):
+    for n, lm in [(PLAIN, None)] + list(specs):
         run(target, make(n, target, lm), ids, sp=sp, max_new_tokens=profile.WARMUP_TOKENS, detail=False)
 
 
@@ -80,7 +80,7 @@ def workload_rows(target: LM, names: Iterable[str], prompts: int, max_new: int, 
                     len(ids), "one at a time") for n, _ in ss]
         for n, p, split, count, how in got:
             r = {**p, **split, "workload": name, "drafter": n,
-                 "draft_model": w.draft_model if n == "draft" and specs is None else "",
+                 "draft_model": w.draft_model if entry(n).draft_model and specs is None else "",
                  "temperature": w.temperature, "requests": count, "decoded": how, "expected": w.expected,
                  "benefit": benefit(p["speedup"])}
             r["lands"] = w.agrees(r["benefit"])
@@ -93,11 +93,11 @@ def buildable(target: LM, names: Iterable[str] = NAMES, draft_lm=None) -> tuple[
     ok, notes = [], []
     for n in names:
         try:
-            make(n, target, draft_lm if n == "draft" else None)
+            make(n, target, draft_lm if entry(n).draft_model else None)
         except DrafterUnavailable as e:
             notes.append(f"{n}: {e}")
             continue
-        ok.append((n, draft_lm if n == "draft" else None))
+        ok.append((n, draft_lm if entry(n).draft_model else None))
     return ok, notes
 
 
@@ -106,5 +106,5 @@ def every(target: LM, specs: list[tuple[str, object]], ids: list[int], sp: Sampl
     """Every drafter in `specs` ((name, draft model) pairs) on one prompt, plain decoding first: one
     profile.profile row each (acceptance, tokens per step, ms per step in each phase against a plain step,
     the speedup by the measuring rule, same tokens as plain at T = 0). `k` None: each drafter's own."""
-    drafters = {"none": make("none", target)} | {n: make(n, target, lm) for n, lm in specs if n != "none"}
+    drafters = {PLAIN: make(PLAIN, target)} | {n: make(n, target, lm) for n, lm in specs if n != PLAIN}
     return profile.profile(target, drafters, [ids], sp, k, max_new, repeats, tick=tick)
