@@ -174,6 +174,7 @@ def test_temperature_page_one_point_per_temperature():
 def test_temperature_page_sampled_and_greedy_drafting_side_by_side():
     at = open_page("temperature", temp_drafters=["lookup", "draft"], temp_values=[1.0], temp_prompts=1,
                    temp_max_new=8)
+    at.session_state["draft_model"] = "bundled"   # the target drafting for itself (the default is distilled)
     at.radio(key="temp_drafting").set_value("both").run()
     click(at, "temp_go")
     res = at.session_state["measure_temperature"]
