@@ -1,5 +1,5 @@
-"""Retake the README's screenshots of the app: `python docs/screenshots.py http://127.0.0.1:8501/` against a
-running `make run`. Drives Debian's Chromium headless (never a downloaded browser) and writes docs/*.png."""
+"""Retake the screenshots of the app (README.md, docs/app.md): `python docs/screenshots.py http://127.0.0.1:8501/`
+against a running `make run`. Drives Debian's Chromium headless (never a downloaded browser) and writes docs/*.png."""
 import sys
 from pathlib import Path
 

@@ -21,7 +21,7 @@ class Workload:
     temperature: float  # the temperature this kind of traffic usually runs at
     prompts: tuple[str, ...]
     batch_size: int = 1
-    drafter: str = "lookup"   # the drafter that shows this workload's effect best (measured; README)
+    drafter: str = "lookup"   # the drafter that shows this workload's effect best (measured; docs/measurements.md)
 
 
 def _load(name: str) -> tuple[str, ...]:
