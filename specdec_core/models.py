@@ -13,7 +13,6 @@ each goes to its backend (backend.py), which is the only module that tells the t
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import os
 import sys
 from dataclasses import dataclass, field
