@@ -10,14 +10,16 @@ from __future__ import annotations
 import streamlit as st
 
 from specdec_core import drafters
+from specdec_core.models import FORWARDS
 
 from . import sidebar
 
-# key -> (type, lo, hi): ranges are the sidebar's, so a URL can never set what a control could not
-FIELDS = {"drafter": (str, None, None), "draft_model": (str, None, None), "k": (int, 1, 12),
-          "temperature": (float, 0.0, 2.0), "top_p": (float, 0.05, 1.0), "seed": (int, 0, 2**31 - 1),
-          "max_new_tokens": (int, 1, 512), "workload": (str, None, None), "example": (int, 0, 99),
-          "prompt": (str, None, None), "forward": (str, None, None)}
+# key -> (type, lo, hi): the numeric ranges are the sidebar's own (sidebar.BOUNDS), so a URL can never set what
+# a control could not
+FIELDS = {"drafter": (str, None, None), "draft_model": (str, None, None),
+          **{key: (type(hi), lo, hi) for key, (lo, hi) in sidebar.BOUNDS.items()},
+          "workload": (str, None, None), "example": (int, 0, 99), "prompt": (str, None, None),
+          "forward": (str, None, None)}
 LOADED = "_classroom_loaded"
 
 REPEAT = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat.\n\nRepeat the text exactly."
@@ -70,8 +72,8 @@ def _parse(key: str, raw: str):
         raise ValueError(f"{key}={raw!r} is outside {lo}..{hi}")
     if key == "drafter" and val not in drafters.NAMES:
         raise ValueError(f"drafter={raw!r} is not one of {', '.join(drafters.NAMES)}")
-    if key == "forward" and val not in ("ours", "hf"):
-        raise ValueError(f"forward={raw!r} is not one of ours, hf")
+    if key == "forward" and val not in FORWARDS:
+        raise ValueError(f"forward={raw!r} is not one of {', '.join(FORWARDS)}")
     if key == "workload" and val != sidebar.CUSTOM and val not in sidebar.PRESETS:
         raise ValueError(f"workload={raw!r} is not a preset")
     return val

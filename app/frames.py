@@ -2,8 +2,10 @@
 
 A step with m drafted tokens plays as: m draft frames (the guesses appear one by one), one verify frame per
 position the rule actually tested (it stops at the first rejection, Leviathan et al. 2023, Alg. 1), and one
-result frame (the resampled, bonus or plain target token is committed). Pure functions of the records, so
-scrubbing and stepping never touch a model.
+result frame (the resampled, bonus or plain target token is committed). A tree step (rec.tree) plays its
+tree level by level (draft frames: `shown` levels), then one verify frame per child the multi-candidate rule
+tested, in the order it tested them (`checked` trials; verify_tree.py), then its result. Pure functions of the
+records, so scrubbing and stepping never touch a model.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ DRAFT, VERIFY, RESULT = "draft", "verify", "result"
 @dataclass(frozen=True)
 class Frame:
     phase: str      # DRAFT | VERIFY | RESULT
-    shown: int      # drafted tokens visible
-    checked: int    # positions whose verdict is visible
+    shown: int      # drafted tokens visible (a tree: levels)
+    checked: int    # positions whose verdict is visible (a tree: trials)
 
 
 def n_checked(rec: StepRecord) -> int:
@@ -28,6 +30,10 @@ def n_checked(rec: StepRecord) -> int:
 
 
 def frames(rec: StepRecord) -> list[Frame]:
+    if rec.tree is not None:
+        m, c = rec.tree.depth, len(rec.tree.tried())
+        return ([Frame(DRAFT, d, 0) for d in range(1, m + 1)] + [Frame(VERIFY, m, i) for i in range(1, c + 1)]
+                + [Frame(RESULT, m, c)])
     m, c = rec.k, n_checked(rec)
     out = [Frame(DRAFT, d, 0) for d in range(1, m + 1)] or [Frame(DRAFT, 0, 0)]
     out += [Frame(VERIFY, m, i) for i in range(1, c + 1)]

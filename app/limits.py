@@ -19,9 +19,10 @@ import os
 
 import streamlit as st
 
+from specdec_core.drafters import SHIPPED
 from specdec_core.engine import MAX_NEW_TOKENS
 
-BUNDLED_SET = ("bundled", "distilled")
+BUNDLED_SET = SHIPPED   # draft-model specs that load nothing new: always allowed
 ENV_MODELS, ENV_TOKENS, ENV_TURN = "SPECDEC_ALLOWED_MODELS", "SPECDEC_MAX_NEW_TOKENS", "SPECDEC_TURN_S"
 DEFAULT_TOKENS, DEFAULT_TURN_S = 512, 0.5
 

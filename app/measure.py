@@ -12,11 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
-from scipy.stats import chi2_contingency
 
 from specdec_core import InputError, SamplingParams, drafters
 from specdec_core.bench.sweeps import NOISY
@@ -25,10 +23,10 @@ from specdec_core.bench.workloads import WORKLOADS
 from . import runs, turns
 from .runs import Settings, UserError
 
-SPEC = tuple(n for n in drafters.NAMES if n != "none")   # what can be measured against the baseline
-COLORS = {"none": "#546e7a", "lookup": "#2e7d32", "draft": "#1565c0", "early-exit": "#ef6c00",
-          "medusa": "#7b1fa2", "eagle": "#c62828"}
+SPEC = drafters.SPECULATIVE   # what can be measured against the baseline
 BASE_COLOR = "#546e7a"
+COLORS = {drafters.PLAIN: BASE_COLOR, "lookup": "#2e7d32", "suffix": "#00838f", "draft": "#1565c0",
+          "early-exit": "#ef6c00", "medusa": "#7b1fa2", "eagle": "#c62828"}
 FONT = dict(size=14)
 
 
@@ -201,12 +199,8 @@ def pick_values(label: str, key: str, options: list, default: list, help: str = 
     return sorted(chosen)
 
 
-def workload_prompts(name: str) -> tuple[str, ...]:
-    return WORKLOADS[name].prompts
-
-
 def label(name: str, s: Settings) -> str:
-    return f"draft ({s.draft_model})" if name == "draft" else name
+    return f"{name} ({s.draft_model})" if drafters.entry(name).draft_model else name
 
 
 def sweep_points(sweep: Callable, tgt, specs: list[tuple[str, object]], prompts: list, values: list, s: Settings,
@@ -228,10 +222,7 @@ def resolve(names: list[str], s: Settings, tgt) -> tuple[list[tuple[str, object]
         except UserError as e:
             notes.append(f"Skipped `{n}`: {e}")
             continue
-        spec = (s.draft_model or "").strip()
-        lm = None if n != "draft" else tgt if spec == runs.BUNDLED else None if spec == runs.DISTILLED \
-            else runs.model(spec)
-        ok.append((n, lm))
+        ok.append((n, runs.draft_lm(dataclasses.replace(s, drafter=n), tgt)))
     return ok, notes
 
 
@@ -296,38 +287,6 @@ def verdict(speedup: float) -> str:
     if speedup >= 1.0:
         return "Low"
     return "Negative"
-
-
-def two_sample(a: dict, b: dict, seed: int = 0, shuffles: int = 1000) -> dict:
-    """Two samples of outcomes: TV distance, chi-square two-sample test (rare outcomes pooled so every expected
-    count is >= 5), and the TV distance chance alone gives (labels shuffled `shuffles` times)."""
-    na, nb = sum(a.values()), sum(b.values())
-    if not na or not nb:
-        raise ValueError("both samples need at least one outcome")
-    keys = sorted(set(a) | set(b), key=lambda t: -(a.get(t, 0) + b.get(t, 0)))
-    tv = 0.5 * sum(abs(a.get(t, 0) / na - b.get(t, 0) / nb) for t in keys)
-    tot = {t: a.get(t, 0) + b.get(t, 0) for t in keys}
-    share = min(na, nb) / (na + nb)     # expected count of an outcome on the smaller side, per pooled run
-    cols = [[a.get(t, 0), b.get(t, 0)] for t in keys if tot[t] * share >= 5]
-    rest = [t for t in keys if tot[t] * share < 5]
-    if rest:   # rare outcomes pooled as "other"; a still-thin "other" joins the rarest frequent bin
-        other = [sum(a.get(t, 0) for t in rest), sum(b.get(t, 0) for t in rest)]
-        if sum(other) * share >= 5 or not cols:
-            cols.append(other)
-        else:
-            cols[-1] = [cols[-1][0] + other[0], cols[-1][1] + other[1]]
-    chi = pval = None
-    if len(cols) > 1:
-        chi, pval, _, _ = chi2_contingency(np.array(cols).T)
-    rng = np.random.default_rng(seed)
-    idx = np.repeat(np.arange(len(keys)), [tot[t] for t in keys])
-    null = []
-    for _ in range(shuffles):
-        rng.shuffle(idx)
-        ca, cb = np.bincount(idx[:na], minlength=len(keys)), np.bincount(idx[na:], minlength=len(keys))
-        null.append(0.5 * np.abs(ca / na - cb / nb).sum())
-    return {"tv": tv, "chi2": chi, "p_value": pval, "bins": len(cols), "tv_chance_median": float(np.median(null)),
-            "tv_chance_95": float(np.quantile(null, 0.95))}
 
 
 # -- honest points: spread, noise, intervals ----------------------------------------------------------------------

@@ -6,11 +6,12 @@ generation above it.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable
 
 import streamlit as st
 
 from specdec_core.records import StepRecord
+from specdec_core.serving.gate import Gated
 
 from . import runs, turns, view
 
@@ -20,7 +21,7 @@ def slots():
     return st.empty(), st.empty()
 
 
-def stream(run: runs.Run, records: Iterator[StepRecord], prog, live, label: Callable[[StepRecord], str]) -> None:
+def stream(run: runs.Run, records: Gated, prog, live, label: Callable[[StepRecord], str]) -> None:
     """Append each record to the run as it is decoded, moving `prog` and redrawing the text in `live`.
     While the run waits for its turn at the shared model, `prog` says its place in line.
     On an error the run is marked stopped (its steps so far stay replayable) and the error goes on up;
@@ -28,8 +29,7 @@ def stream(run: runs.Run, records: Iterator[StepRecord], prog, live, label: Call
     def waiting(place: int, eta: float) -> None:
         done = run.records[-1].n_generated / run.settings.max_new_tokens if run.records else 0.0
         prog.progress(min(1.0, done), text=turns.message(place, eta) + "…")
-    if hasattr(records, "on_wait"):
-        records.on_wait = waiting
+    records.on_wait = waiting
     try:
         for rec in records:
             run.records.append(rec)
@@ -39,8 +39,7 @@ def stream(run: runs.Run, records: Iterator[StepRecord], prog, live, label: Call
         run.status = "stopped"
         raise
     finally:
-        if hasattr(records, "close"):
-            records.close()
+        records.close()
     run.status = "done"
 
 

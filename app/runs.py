@@ -16,15 +16,13 @@ import torch
 
 from specdec_core import LM, IncompatibleModels, InputError, ModelError, SamplingParams, engine, load
 from specdec_core import drafters
+from specdec_core.models import BUNDLED, FORWARDS as FORWARD_NAMES
 from specdec_core.drafters.suffix import SuffixIndex
 from specdec_core.metrics import RunMetrics, summarize
 from specdec_core.records import StepRecord
 
 from . import limits, turns
 
-BUNDLED = "bundled"
-DISTILLED = "distilled"
-MODEL_DRAFTS = ("draft", "early-exit")   # drafters that sample from a distribution of their own
 
 
 class UserError(Exception):
@@ -41,18 +39,19 @@ class Settings:
     seed: int = 0
     max_new_tokens: int = 48
     prompt: str = ""
-    draft_sampling: str = "sample"   # how a model draft guesses at T > 0 (SamplingParams.draft)
+    draft_sampling: str = "sample"   # how a model draft guesses at T > 0 (SamplingParams.draft_mode)
     k_policy: str = "fixed"          # draft length per step (specdec_core/policy.py)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=float(self.temperature), top_p=float(self.top_p), seed=int(self.seed),
-                              draft=self.draft_sampling)
+                              draft_mode=self.draft_sampling)
 
     def summary(self) -> str:
-        d = self.drafter + (f" ({self.draft_model})" if self.drafter == "draft" else "")
-        k = f" · k = {self.k}" if self.drafter != "none" else ""
-        k += f" ({self.k_policy})" if self.drafter != "none" and self.k_policy != "fixed" else ""
-        d += " · greedy drafting" if self.draft_sampling == "greedy" and self.drafter in MODEL_DRAFTS else ""
+        e = drafters.entry(self.drafter)
+        d = self.drafter + (f" ({self.draft_model})" if e.draft_model else "")
+        k = f" · k = {self.k}" if e.drafts else ""
+        k += f" ({self.k_policy})" if e.policy(self.k_policy) != "fixed" else ""
+        d += " · greedy drafting" if self.draft_sampling == "greedy" and e.reports_q else ""
         return (f"{d}{k} · temperature {self.temperature:g} · top-p {self.top_p:g} · seed {self.seed} · "
                 f"up to {self.max_new_tokens} tokens")
 
@@ -73,7 +72,7 @@ class Run:
         return summarize(self.records) if self.records else None
 
 
-FORWARDS = {"ours": "ours: batch-invariant", "hf": "transformers' (reference)"}
+FORWARDS = dict(zip(FORWARD_NAMES, ("ours: batch-invariant", "transformers' (reference)")))   # models.FORWARDS, in words
 
 
 @st.cache_resource(show_spinner="Loading the model: once per server, about 20 seconds…", max_entries=4)
@@ -108,25 +107,30 @@ def warm() -> str | None:
     return None
 
 
-def make_drafter(s: Settings, tgt):
-    """The drafter for these settings; a draft model is loaded (cached) only for the `draft` drafter."""
-    draft_lm = None
-    if s.drafter == "draft":
+def draft_lm(s: Settings, tgt):
+    """The draft model these settings name (drafters.resolve_draft resolves the spec), loaded and cached; None for
+    a drafter that runs no separate draft model."""
+    try:
+        if not drafters.entry(s.drafter).draft_model:
+            return None
         spec = (s.draft_model or "").strip()
-        if not spec:
-            raise UserError("The draft model is empty: type `bundled` (the target drafts for itself), "
-                            "`distilled` (the small draft shipped for it), a local model directory or a hub id.")
-        if (why := limits.refusal(spec)) is not None:   # before anything is loaded
+        if spec and (why := limits.refusal(spec)) is not None:   # before anything is loaded
             raise UserError(why)
-        try:  # `distilled`: no model given, so the core picks the draft shipped for this target, if any
-            draft_lm = tgt if spec == BUNDLED else None if spec == DISTILLED else model(spec)
-        except ModelError as e:
-            raise UserError(f"The draft model could not be loaded. {e}") from e
+        return drafters.resolve_draft(spec, tgt, load=model)
+    except ModelError as e:
+        raise UserError(f"The draft model could not be loaded. {e}") from e
+    except drafters.DrafterUnavailable as e:
+        raise UserError(f"The drafter {s.drafter!r} cannot run: {e}") from e
+
+
+def make_drafter(s: Settings, tgt):
+    """The drafter for these settings; a draft model is loaded (cached) only for a drafter that runs one."""
+    lm = draft_lm(s, tgt)
     kw = {}
-    if s.drafter == "suffix":   # the session's own index: a later run drafts from this session's earlier ones
+    if drafters.entry(s.drafter).session_index:   # a later run drafts from this session's earlier ones
         kw["index"] = st.session_state.setdefault("suffix_index", SuffixIndex())
     try:
-        return drafters.make(s.drafter, tgt, draft_lm=draft_lm, **kw)
+        return drafters.make(s.drafter, tgt, draft_lm=lm, **kw)
     except IncompatibleModels as e:
         raise UserError(f"These two models cannot be paired: {e}. Speculative decoding compares p and q "
                         "token by token, so the draft must share the target's vocabulary.") from e
@@ -184,7 +188,7 @@ def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
     drafter = make_drafter(s, tgt)
     try:
         sp = s.sampling()
-        k = 0 if s.drafter == "none" else int(s.k)
+        k = drafters.entry(s.drafter).k(s.k)
         ids = tgt.encode(s.prompt).tolist()
         # decode checks k, the lengths and the context at the call, before any output; the steps come as read
         steps = engine.decode(tgt, drafter, ids, sp=sp, k=k, max_new_tokens=int(s.max_new_tokens),
@@ -199,7 +203,7 @@ def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
 def baseline(s: Settings, prompt_ids: list[int], on_wait=None) -> list[StepRecord]:
     """Plain decoding (the `none` drafter) on the same prompt and settings: the speedup's denominator."""
     tgt = target()
-    return list(turns.queued(engine.decode(tgt, drafters.make("none", tgt), prompt_ids, sp=s.sampling(), k=0,
+    return list(turns.queued(engine.decode(tgt, drafters.make(drafters.PLAIN, tgt), prompt_ids, sp=s.sampling(), k=0,
                                            max_new_tokens=int(s.max_new_tokens)), on_wait))
 
 

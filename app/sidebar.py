@@ -10,7 +10,7 @@ from specdec_core.sampling import MAX_TEMPERATURE
 from specdec_core.bench.workloads import WORKLOADS
 
 from . import limits
-from .runs import BUNDLED, FORWARDS, MODEL_DRAFTS, Settings
+from .runs import BUNDLED, FORWARDS, Settings
 
 CUSTOM = "custom"
 # batch serving is a throughput story; a one-request demo cannot show it
@@ -97,7 +97,8 @@ def _on_prompt_edit() -> None:
         st.session_state.workload = CUSTOM
 
 
-def build() -> Settings:
+def build() -> None:
+    """The sidebar's controls, once per script run (main.py); pages read the settings with `current()`."""
     init_state()
     ss = st.session_state
     sb = st.sidebar
@@ -122,23 +123,24 @@ def build() -> Settings:
 
     sb.markdown("### Drafter")
     sb.selectbox("Drafter", list(drafters.NAMES), key="drafter",
-                 format_func=lambda n: f"{n}: plain decoding" if n == "none" else n)
+                 format_func=lambda n: n if drafters.entry(n).drafts else f"{n}: plain decoding")
     sb.caption(drafters.DESCRIPTIONS.get(ss.drafter, ""))
-    sb.text_input("Draft model", key="draft_model", disabled=ss.drafter != "draft",
+    e = drafters.entry(ss.drafter)
+    sb.text_input("Draft model", key="draft_model", disabled=not e.draft_model,
                   help="For the `draft` drafter: `bundled` lets the target draft for itself (at temperature 0 "
                        "every draft is accepted); `distilled` uses the small draft trained for it, where shipped; "
                        "or a local model directory / hub id with the same vocabulary. This server lets a visitor "
                        f"load: {limits.described()} (setting `{limits.ENV_MODELS}`).")
-    if ss.drafter == "draft":
+    if e.draft_model:
         sb.caption(f"Draft models a visitor may load on this server: {limits.described()}.")
-    sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=ss.drafter == "none")
+    sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=not e.drafts)
     sb.selectbox("Draft length", list(K_POLICIES), key="k_policy", format_func=K_POLICIES.get,
-                 disabled=ss.drafter == "none",
+                 disabled=not e.drafts,
                  help="Fixed: k every step. Schedule: start at k, +2 after a fully accepted draft, −1 otherwise "
                       "(transformers' heuristic). Confidence: a model draft stops guessing when its top probability "
                       "falls under 0.4, k being the most. None of them changes the output.")
     sb.radio("Draft guesses (model drafts, T > 0)", list(DRAFTING), key="draft_sampling", format_func=DRAFTING.get,
-             horizontal=True, disabled=ss.drafter not in MODEL_DRAFTS,
+             horizontal=True, disabled=not e.reports_q,
              help="Sampled: the guess is drawn from the draft's q and kept with probability min(1, p/q). Greedy: "
                   "the draft's most likely token, q one-hot, kept with probability p(x), as serving engines do by "
                   "default. Both are exact.")
@@ -152,13 +154,16 @@ def build() -> Settings:
     except ValueError as e:   # the operator's setting is malformed: say so, keep the default
         sb.error(f"{str(e)[:1].upper()}{str(e)[1:]}; using {limits.DEFAULT_TOKENS}.")
         cap = limits.DEFAULT_TOKENS
-    if int(ss.max_new_tokens) > cap:   # from a link or an older session: clamped before the widget draws
+    cap = min(cap, BOUNDS["max_new_tokens"][1])
+    if int(ss.max_new_tokens) > cap:   # typed, from a link or an older session: clamped, and said, before it draws
         sb.warning(limits.cap_note(int(ss.max_new_tokens), cap), icon=":material/warning:")
         ss.max_new_tokens = cap
     c1, c2 = sb.columns(2)
     c1.number_input("Seed", *BOUNDS["seed"], step=1, key="seed")
-    c2.number_input("Max new tokens", BOUNDS["max_new_tokens"][0], min(cap, BOUNDS["max_new_tokens"][1]), step=8,
-                    key="max_new_tokens", help=f"At most {cap} on this server (setting `{limits.ENV_TOKENS}`).")
+    # no max_value: the widget would refuse a larger number silently (a red box, the old value kept); the clamp
+    # above says what it does instead
+    c2.number_input("Max new tokens", BOUNDS["max_new_tokens"][0], None, step=8, key="max_new_tokens",
+                    help=f"At most {cap} on this server (setting `{limits.ENV_TOKENS}`).")
 
     sb.markdown("### Numerics")
     sb.radio("Forward", list(FORWARDS), key="forward", format_func=FORWARDS.get, horizontal=True,
@@ -166,7 +171,6 @@ def build() -> Settings:
                   "so greedy speculation gives exactly plain decoding's tokens. Transformers' forward (the "
                   "reference) rounds a many-token pass differently: on a near-tie its speculative output can "
                   "drift. The Output contract page shows both.")
-    return current()
 
 
 def current() -> Settings:

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Iterator
 
 import streamlit as st
 
+from specdec_core.records import StepRecord
 from specdec_core.serving.gate import Gate, Gated, OnWait, Ticket
 
 from . import limits
@@ -41,15 +42,14 @@ def message(place: int, eta: float) -> str:
     return f"Waiting for the model: you are {ordinal(place)} in line, about {max(1, round(eta))} s"
 
 
-def _unpause(rec, seconds: float):
+def _unpause(rec: StepRecord, seconds: float) -> StepRecord:
     """A step record's clock runs through the time queued between steps: take that time off."""
-    return dataclasses.replace(rec, elapsed=rec.elapsed - seconds) if hasattr(rec, "elapsed") else rec
+    return dataclasses.replace(rec, elapsed=rec.elapsed - seconds)
 
 
-def queued(records: Iterable, on_wait: OnWait = None) -> Gated:
+def queued(records: Iterable[StepRecord], on_wait: OnWait = None) -> Gated:
     """A stream of step records, each made while holding a turn at the model; set `.on_wait` to show the wait."""
-    return Gated(gate(), records, who=who(), on_wait=on_wait, shift=_unpause,
-                 last=lambda rec: bool(getattr(rec, "done", False)))
+    return Gated(gate(), records, who=who(), on_wait=on_wait, shift=_unpause, last=lambda rec: rec.done)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import re
 
 import plotly.graph_objects as go
 
-from specdec_core.records import Candidate, Position, StepRecord
+from specdec_core.records import DRAFTED, Candidate, Position, StepRecord
 
 from .frames import DRAFT, RESULT, VERIFY, Frame
 
@@ -134,7 +134,7 @@ def committed_chips(rec: StepRecord) -> list[tuple[str, str, str, int]]:
     out = []
     for j, c in enumerate(rec.committed):
         title = f"{ORIGIN_WORDS.get(c.origin, c.origin)} (step {rec.index + 1})"
-        if c.origin == "draft" and j < len(rec.positions):
+        if c.origin == DRAFTED and j < len(rec.positions):
             pos = rec.positions[j]
             title += f": p(x) = {pos.p:.3f}, q(x) = {pos.q:.3f}, u = {pos.u:.3f} < min(1, p/q) = {pos.accept_prob:.3f}"
         elif c.origin == "resampled":
@@ -214,8 +214,9 @@ def gauge(accept: float, u: float | None) -> str:
     return g + "</div>"
 
 
-def verify_table(rec: StepRecord, f: Frame) -> str:
-    """One row per drafted position whose verdict is visible; the rest listed as waiting or not checked."""
+def verify_table(rec: StepRecord, f: Frame, greedy: bool = False) -> str:
+    """One row per drafted position whose verdict is visible; the rest listed as waiting or not checked. At
+    temperature 0 no u is drawn (the rule keeps exactly the target's top token; a u would decide nothing)."""
     rows = []
     for j, pos in enumerate(rec.positions[:f.shown]):
         if j < f.checked:
@@ -223,7 +224,7 @@ def verify_table(rec: StepRecord, f: Frame) -> str:
             rows.append(
                 f'<tr class="vrow vrow-{pos.verdict}"><td>{j + 1}</td><td>{chip(pos.piece, "tok-" + pos.verdict, position_title(pos, j), token=pos.token)}</td>'
                 f'<td>{pos.p:.3f}</td><td>{pos.q:.3f}</td><td><b>{pos.accept_prob:.3f}</b></td>'
-                f'<td style="width:38%">{gauge(pos.accept_prob, pos.u)}</td>'
+                f'<td style="width:38%">{gauge(pos.accept_prob, None if greedy else pos.u)}</td>'
                 f'<td class="verdict-{pos.verdict}">{verdict}</td></tr>')
         else:
             after = f.phase == RESULT or f.checked > rec.n_accepted
@@ -231,8 +232,9 @@ def verify_table(rec: StepRecord, f: Frame) -> str:
             cls = "tok-unchecked" if after else "tok-draft"
             rows.append(f'<tr class="vrow"><td>{j + 1}</td><td>{chip(pos.piece, cls, token=pos.token)}</td><td></td><td></td>'
                         f'<td></td><td></td><td class="verdict-unchecked">{label}</td></tr>')
+    keep = "keep if it is the target's top token (green)" if greedy else "keep if u falls in the green part"
     header = ("<tr><th>#</th><th>drafted</th><th>p(x) target</th><th>q(x) draft</th><th>min(1, p/q)</th>"
-              "<th>keep if u falls in the green part</th><th>verdict</th></tr>")
+              f"<th>{keep}</th><th>verdict</th></tr>")
     return f'<table class="vtable">{header}{"".join(rows)}</table>'
 
 
@@ -252,7 +254,7 @@ def phase_pills(f: Frame) -> str:
         f'<span class="phase {"phase-on" if f.phase == ph else ""}">{label}</span>' for ph, label in names) + "</div>"
 
 
-def _label(piece: str) -> str:
+def token_label(piece: str) -> str:
     """A token as a chart label: every character visible (a space is ␣), template tokens named."""
     return f"template: {piece.strip().strip('<>|/')}" if is_template(piece) else glyphs(piece)
 
@@ -265,7 +267,7 @@ def bars(series: list[tuple[str, list[Candidate], str]], highlight: int | None =
             ids.setdefault(c.id, c.piece)
     best = {i: max((_find(top, i) or 0.0) for _, top, _ in series) for i in ids}
     order = sorted(ids, key=lambda i: best[i])[-10:]
-    labels = [("▶ " if i == highlight else "") + _label(ids[i]) + f"  #{i}" for i in order]
+    labels = [("▶ " if i == highlight else "") + token_label(ids[i]) + f"  #{i}" for i in order]
     fig = go.Figure()
     for name, top, color in series:
         fig.add_bar(y=labels, x=[_find(top, i) or 0.0 for i in order], name=name, orientation="h",
@@ -283,15 +285,15 @@ def bars(series: list[tuple[str, list[Candidate], str]], highlight: int | None =
 def pq_figure(pos: Position, j: int) -> go.Figure:
     q_top = pos.q_top or [Candidate(pos.token, pos.piece, 1.0)]  # a deterministic draft is a one-hot q
     return bars([("p: target", pos.p_top, P_COLOR), ("q: draft", q_top, Q_COLOR)], pos.token,
-                f"Draft #{j + 1} “{_label(pos.piece)}”: p(x) = {pos.p:.2f}, q(x) = {pos.q:.2f}")
+                f"Draft #{j + 1} “{token_label(pos.piece)}”: p(x) = {pos.p:.2f}, q(x) = {pos.q:.2f}")
 
 
 def result_figure(rec: StepRecord) -> go.Figure:
     if rec.final_kind == "resampled":
         return bars([("norm(max(0, p − q))", rec.final_top, ORANGE)], rec.final_token,
-                     f"Residual distribution: resampled “{_label(rec.final_piece)}”")
+                     f"Residual distribution: resampled “{token_label(rec.final_piece)}”")
     if rec.final_kind == "bonus":
         return bars([("p: target, next position", rec.final_top, BLUE)], rec.final_token,
-                     f"Bonus from p: “{_label(rec.final_piece)}”")
+                     f"Bonus from p: “{token_label(rec.final_piece)}”")
     return bars([("p: target", rec.final_top, P_COLOR)], rec.final_token,
-                f"Target distribution: drew “{_label(rec.final_piece)}”")
+                f"Target distribution: drew “{token_label(rec.final_piece)}”")

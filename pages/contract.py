@@ -2,18 +2,16 @@
 set, diffed token by token; and at temperature > 0, the first tokens sampled many times with and without
 speculation, compared as histograms (total variation distance, chi-square two-sample test). The rule is exact
 (Leviathan et al. 2023, Thm 3.5; Chen et al. 2023): any difference beyond chance is an implementation bug."""
-import html
+import dataclasses
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
-import torch
 
 from app import limits, measure, runs, sidebar
+from app.contract_view import SHOWN, diff_html, greedy_figure, hist_figure
 from app.view import show
 from specdec_core import SamplingParams, drafters, engine
-from specdec_core.bench import invariance
-from specdec_core.sampling import probs
+from specdec_core.bench import contract, invariance
 from specdec_core.bench.workloads import WORKLOADS
 
 KEY_G, KEY_S, KEY_F = "measure_contract_greedy", "measure_contract_sampled", "measure_contract_forwards"
@@ -21,8 +19,6 @@ KEY_G, KEY_S, KEY_F = "measure_contract_greedy", "measure_contract_sampled", "me
 PROMPTS = [(f"{n}-{i + 1}", w.prompts[i]) for i in range(2) for n, w in WORKLOADS.items()
            if w.batch_size == 1 and len(w.prompts) > i]
 SAMPLES = [50, 100, 200, 500, 1000]
-NEAR_TIE = 0.1      # a probability gap that bf16 rounding of a many-token pass can plausibly flip
-SHOWN = 12          # histogram bars: the most frequent outcomes, the rest pooled as "other"
 ss = st.session_state
 measure.settle(KEY_G)
 measure.settle(KEY_S)
@@ -60,18 +56,10 @@ g_clicked = st.button("Run the greedy check", type="primary", key="ct_greedy_go"
                       disabled=not names)
 
 
-def near_tie(tgt, prompt: list[int], prefix: list[int], a: int, b: int) -> tuple[float, float]:
-    """The target's probabilities (temperature 1) of the two tokens that disagree, after their common prefix."""
-    with torch.inference_mode():
-        logits = tgt.forward(torch.tensor(prompt + prefix), tgt.new_cache(), last_only=True)
-    p = torch.softmax(logits[0].float(), -1)
-    return float(p[a]), float(p[b])
-
-
 def greedy_rows(tgt, specs, live):
     sp = SamplingParams(0.0, 0, 1.0, s.seed)
     ids = measure.encode(tgt, [t for _, t in PROMPTS[:n_prompts]])
-    none = drafters.make("none", tgt)
+    none = drafters.make(drafters.PLAIN, tgt)
     for (pname, _), prompt in zip(PROMPTS, ids):
         plain, _, _ = engine.run(tgt, none, prompt, sp=sp, max_new_tokens=max_new, detail=False)
         live.tick(f"{pname}, plain")
@@ -79,39 +67,15 @@ def greedy_rows(tgt, specs, live):
             spec, _, _ = engine.run(tgt, drafters.make(n, tgt, lm), prompt, sp=sp, k=s.k, max_new_tokens=max_new,
                                     detail=False)
             live.tick(f"{pname}, {n}")
-            j = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
-            if j is None and len(plain) != len(spec):
-                j = min(len(plain), len(spec))
+            j = invariance.first_difference(plain, spec)
             row = {"Prompt": pname, "Drafter": measure.label(n, s), "Tokens plain": len(plain),
                    "Tokens spec": len(spec), "Identical": j is None, "First difference at token": j,
                    "p(plain token)": None, "p(spec token)": None,
                    "plain": plain, "spec": spec}
             if j is not None and j < min(len(plain), len(spec)):
-                row["p(plain token)"], row["p(spec token)"] = near_tie(tgt, prompt, plain[:j], plain[j], spec[j])
+                row["p(plain token)"], row["p(spec token)"] = contract.near_tie(tgt, prompt, plain[:j], plain[j],
+                                                                                spec[j])
             yield row
-
-
-def greedy_figure(rows: list[dict]) -> go.Figure:
-    fig = go.Figure()
-    for d in dict.fromkeys(r["Drafter"] for r in rows):
-        rs = [r for r in rows if r["Drafter"] == d]
-        same = [min(r["First difference at token"] if r["First difference at token"] is not None
-                    else r["Tokens plain"], r["Tokens plain"]) for r in rs]
-        fig.add_bar(x=[r["Prompt"] for r in rs], y=same, name=f"{d}: identical tokens", marker_color=measure.color(d))
-        fig.add_bar(x=[r["Prompt"] for r in rs], y=[r["Tokens plain"] - x for r, x in zip(rs, same)],
-                    name=f"{d}: after the first difference", marker_color="#ef9a9a")
-    fig.update_yaxes(title="tokens")
-    return measure.layout(fig, 320, barmode="stack", title="Tokens identical to plain decoding, per prompt")
-
-
-def diff_html(tgt, plain: list[int], spec: list[int], j: int | None) -> str:
-    dec = tgt.tokenizer.decode
-    if j is None:
-        return f'<div class="strip">{html.escape(dec(plain))}</div>'
-    head = html.escape(dec(plain[:j]))
-    a, b = show(dec(plain[j:])), show(dec(spec[j:]))
-    return (f'<div class="strip"><b>plain:</b> {head}<span class="tok tok-rejected" style="text-decoration:none">'
-            f'{a}</span><br><b>spec:</b> {head}<span class="tok tok-accepted">{b}</span></div>')
 
 
 if g_clicked:
@@ -132,22 +96,8 @@ if res is not None:
     df = pd.DataFrame(res.rows)
     same = int(df["Identical"].sum())
     ties = df[df["p(plain token)"].notna()]
-    msg = f"**{same} of {len(df)}** decodings are token-for-token identical to plain decoding."
-    if len(ties):
-        gaps = (ties["p(plain token)"] - ties["p(spec token)"]).abs()
-        dtype = str(runs.target().dtype).replace("torch.", "")
-        if runs.forward_choice() == "ours":
-            msg += (" This app's forward scores a position bit for bit the same in a one-token and a many-token "
-                    "pass (section 2), so no rounding can explain a difference: it is a bug worth reporting.")
-        elif gaps.max() < NEAR_TIE:
-            msg += (f" Where they differ, the two competing tokens had target probabilities within "
-                    f"**{gaps.max():.3f}** of each other (largest gap): near-ties. The model runs in {dtype}; "
-                    "a pass over several tokens rounds differently from a pass over one, which can flip such "
-                    "a tie, and from there the texts go their own ways. The acceptance rule itself is exact.")
-        else:
-            msg += (f" Where they differ, the two competing tokens' target probabilities are up to "
-                    f"**{gaps.max():.3f}** apart: more than rounding in {dtype} should flip. Look at the "
-                    "rows below; this may be a bug between the rule and the text.")
+    gaps = (ties["p(plain token)"] - ties["p(spec token)"]).abs().tolist()
+    msg = contract.greedy_summary(same, len(df), gaps, runs.forward_choice(), str(runs.target().dtype)[6:])
     (st.success if same == len(df) else st.warning)(msg)
     tgt = runs.target()
     for r in res.rows:
@@ -236,94 +186,31 @@ s_clicked = st.button("Sample and compare", type="primary", key="ct_sample_go", 
                       disabled=not names)
 
 
-def draw_once(tgt, d, prompt, seed: int, k: int) -> tuple[tuple[int, ...], int, int]:
-    """The first `span` tokens of one run, and how many drafts within them were checked and accepted."""
-    sp = SamplingParams(float(temp), 0, float(s.top_p), seed)
-    got, checked, accepted = [], 0, 0
-    # room for a full draft after the span, so drafting inside it is never cut short by the length limit
-    for rec in engine.decode(tgt, d, prompt, sp=sp, k=k, max_new_tokens=span + k, detail=False):
-        for j in range(min(rec.k, rec.n_accepted + 1)):
-            if len(got) + j < span:
-                checked += 1
-                accepted += j < rec.n_accepted
-        got += [c.token for c in rec.committed]
-        if len(got) >= span or rec.done:
-            break
-    return tuple(got[:span]), checked, accepted
-
-
-def outcome(tgt, t: tuple[int, ...]) -> str:
-    return "·".join(show(tgt.tokenizer.decode([i])) for i in t) or "∅"
-
-
-def reference(tgt, prompt: list[int], outs: list[tuple[int, ...]]) -> dict:
-    """The target's own probability of each shown outcome, p(t1) p(t2 | t1) ..., one forward per prefix."""
-    sp = SamplingParams(float(temp), 0, float(s.top_p), 0)
-    memo, ref = {}, {}
-    for t in outs:
-        pr = 1.0
-        for i in range(len(t)):
-            pre = t[:i]
-            if pre not in memo:
-                with torch.inference_mode():
-                    memo[pre] = probs(tgt.forward(torch.tensor(prompt + list(pre)), tgt.new_cache(),
-                                                  last_only=True), sp)[0]
-            pr *= float(memo[pre][t[i]])
-        ref[t] = pr
-    return ref
-
-
-def hist_figure(tgt, counts: dict[str, dict], ref: dict | None = None) -> go.Figure:
-    tot = {}
-    for c in counts.values():
-        for t, v in c.items():
-            tot[t] = tot.get(t, 0) + v / max(1, sum(c.values()))
-    top = sorted(tot, key=lambda t: -tot[t])[:SHOWN]
-    labels = [outcome(tgt, t) for t in top] + (["other"] if len(tot) > len(top) else [])
-    fig = go.Figure()
-    for name, c in counts.items():
-        n = max(1, sum(c.values()))
-        ys = [c.get(t, 0) / n for t in top]
-        if len(labels) > len(top):
-            ys.append(1 - sum(ys))
-        fig.add_bar(x=labels, y=ys, name=name, marker_color=measure.color(name),
-                    text=[f"{y:.0%}" for y in ys], textposition="outside", cliponaxis=False)
-    if ref:
-        ys = [ref.get(t, 0.0) for t in top] + ([max(0.0, 1 - sum(ref.get(t, 0.0) for t in top))]
-                                                 if len(labels) > len(top) else [])
-        fig.add_scatter(x=labels, y=ys, mode="markers", name="target p (exact)",
-                        marker=dict(symbol="line-ew-open", size=34, color="#000", line=dict(width=3)))
-    fig.update_yaxes(title="share of runs", tickformat=".0%", rangemode="tozero")
-    fig.update_xaxes(title="first generated token(s) (␣ = space, · separates tokens)")
-    return measure.layout(fig, 420, barmode="group")
-
-
 def sample_all(tgt, specs, live, res):
     prompt = measure.encode(tgt, [PROMPTS[pi][1]])[0]
     counts, stats = {}, {}
-    sides = [("none", None)] + specs
-    for side, (n, lm) in enumerate(sides):
-        name = "none" if n == "none" else measure.label(n, s)
-        d = drafters.make(n, tgt, lm)
-        c, checked, accepted = {}, 0, 0
-        counts[name] = c
-        for i in range(n_samples):   # disjoint seeds per side: the two samples are independent
-            t, ch, ac = draw_once(tgt, d, prompt, s.seed + side * n_samples + i, 0 if n == "none" else s.k)
-            c[t] = c.get(t, 0) + 1
-            checked, accepted = checked + ch, accepted + ac
+    sp = measure.sampling(temp, s)
+    for side, (n, lm) in enumerate([(drafters.PLAIN, None)] + specs):
+        name = measure.label(n, s)
+
+        def tick(i, so_far):
+            counts[name] = so_far
             live.tick(name)
             if (i + 1) % max(1, n_samples // 5) == 0:
                 live.draw(hist_figure(tgt, counts))
+        seeded = dataclasses.replace(sp, seed=s.seed + side * n_samples)   # disjoint seeds: independent sides
+        counts[name], checked, accepted = contract.sample_first(tgt, drafters.make(n, tgt, lm), prompt, seeded,
+                                                                n_samples, span, drafters.entry(n).k(s.k), tick)
         stats[name] = {"checked": checked, "accepted": accepted}
     res.extra["counts"] = counts
-    res.extra["ref"] = reference(tgt, prompt, sorted({t for c in counts.values() for t in c},
-                                                      key=lambda t: -sum(c.get(t, 0) for c in counts.values()))[:SHOWN])
+    top = sorted({t for c in counts.values() for t in c}, key=lambda t: -sum(c.get(t, 0) for c in counts.values()))
+    res.extra["ref"] = contract.exact(tgt, prompt, top[:SHOWN], dataclasses.replace(sp, seed=0))
     for name in list(counts)[1:]:
-        cmp = measure.two_sample(counts["none"], counts[name], s.seed)
+        cmp = contract.two_sample(counts[drafters.PLAIN], counts[name], s.seed)
         yield {"Drafter": name, "Runs per side": n_samples, "Temperature": temp, "Tokens compared": span,
                "Drafts checked in the span": stats[name]["checked"],
                "Drafts accepted in the span": stats[name]["accepted"],
-               "Distinct outcomes": len(set(counts["none"]) | set(counts[name])),
+               "Distinct outcomes": len(set(counts[drafters.PLAIN]) | set(counts[name])),
                "Total variation": cmp["tv"], "TV by chance (median)": cmp["tv_chance_median"],
                "TV by chance (95%)": cmp["tv_chance_95"], "Chi-square": cmp["chi2"], "Bins": cmp["bins"],
                "p-value": cmp["p_value"]}
@@ -353,28 +240,6 @@ if res.extra.get("counts"):
                "Black marks: the target's exact probability of that outcome, computed from its own forward "
                "passes. Both kinds of bar should scatter around the marks.")
 for r in res.rows:
-    pv, tv = r["p-value"], r["Total variation"]
-    said = (f"**`{r['Drafter']}`**: within the first {r['Tokens compared']} token(s) the drafter's guesses "
-            f"were checked {r['Drafts checked in the span']} times and accepted {r['Drafts accepted in the span']} "
-            f"times, so the acceptance rule really decided these tokens. ")
-    if r["Drafts checked in the span"] == 0:
-        said = (f"**`{r['Drafter']}`**: the drafter proposed nothing within the first {r['Tokens compared']} "
-                "token(s), so both sides are plain decoding here and this comparison tests nothing; compare "
-                "more tokens or pick another prompt. ")
-    said += (f"The histograms differ by a total variation of **{tv:.3f}** (the share of runs you would have to "
-             f"move to turn one into the other); shuffling the runs between the two sides gives "
-             f"{r['TV by chance (median)']:.3f} typically and up to {r['TV by chance (95%)']:.3f} in 95% of "
-             "shuffles, so that is what chance alone looks like. ")
-    if pv is None:
-        said += "Every run began the same way, so there is nothing to test: raise the temperature."
-    elif pv >= 0.05:
-        said += (f"Chi-square test: p = **{pv:.2f}**. A difference at least this large would appear "
-                 f"{pv:.0%} of the time even if both came from the same distribution: **no evidence that "
-                 "speculation changed the output distribution.**")
-    else:
-        said += (f"Chi-square test: p = **{pv:.3f}**. A difference this large would appear by chance less than "
-                 "5% of the time if both came from the same distribution: either a real difference or a "
-                 "1-in-20 fluke. Rerun with another seed or more runs before concluding.")
-    (st.success if pv is None or pv >= 0.05 else st.warning)(said)
+    (st.success if r["p-value"] is None or r["p-value"] >= 0.05 else st.warning)(contract.sampled_summary(r))
 if res.rows:
     measure.table(pd.DataFrame(res.rows).round(4), "contract-sampled")

@@ -2,14 +2,19 @@
 (fixed prompts, greedy with speculation off and on, token diff, acceptance/TTFT/TPOT/throughput against the
 baseline) run here on the real model, with a report to download; then the same lesson on llama.cpp (same
 model file, side by side with our engine) and the checklist against any OpenAI-compatible server."""
+import dataclasses
+
 import pandas as pd
 import streamlit as st
 import torch
 
 from app import runs, sidebar, turns
+from specdec_core import drafters
 from specdec_core.bench import sweeps
 from specdec_core.serving import checklist, engines, peer, remote
 
+# our name for each metric where it differs from the engines' (vLLM's) vocabulary
+OURS = {"mean acceptance length": "tokens per step (committed per verification step; vLLM: mean acceptance length)"}
 st.title("Road to production")
 s = sidebar.current()
 st.markdown(f"Current settings: **{s.summary()}**. Change them in the sidebar; everything below follows.")
@@ -28,12 +33,13 @@ for tab, e in zip(tabs, table.values()):
     with tab:
         if not e.supported:
             st.warning(f"{e.title}: no equivalent for the **{s.drafter}** draft source.")
-        elif s.drafter == "none":
+        elif not drafters.entry(s.drafter).drafts:
             st.info("Plain decoding: no speculative configuration, this is the baseline.")
         st.code(e.snippet, language="bash" if e.snippet.startswith(("llama-server", "python -m")) else "python",
                 wrap_lines=True)
         st.markdown("**Our metrics, by this engine's name**")
-        st.table(pd.DataFrame({"ours": list(e.metrics), f"{e.title}": list(e.metrics.values())}).set_index("ours"))
+        st.table(pd.DataFrame({"ours": [OURS.get(m, m) for m in e.metrics],
+                               f"{e.title}": list(e.metrics.values())}).set_index("ours"))
         for g in e.gaps:
             st.markdown(f"- No equivalent / differs: {g}")
         st.markdown("Docs: " + " · ".join(f"[{x}]({u})" for x, u in zip(engines.link_labels(e.docs), e.docs)))
@@ -41,16 +47,17 @@ for tab, e in zip(tabs, table.values()):
 st.markdown("## 2 · The operator's checklist, run here")
 st.markdown("Fix a set of prompts, decode **greedily** with the draft off and on, **diff the tokens**, then read "
             "acceptance, TTFT, TPOT and throughput against the baseline. Keep speculation only where the numbers "
-            "earn it.")
+            f"earn it: each prompt's two runs go back to back, {sweeps.REPEATS} times with the order alternating, "
+            "and the verdict is per prompt (off where acceptance is low or the median pair is slower).")
 pool = [(name, w.prompts[0]) for name, w in sidebar.PRESETS.items()]
 c1, c2 = st.columns(2)
 chosen = c1.multiselect("Fixed prompts (first example of each workload)", [n for n, _ in pool],
                         default=[n for n, _ in pool][:3], key="ck_prompts")
 n_tok = c2.slider("New tokens per prompt", 4, 48, 24, step=4, key="ck_tokens",
                   help="Small on purpose: on a CPU each run takes seconds.")
-if s.drafter == "none":
+if not drafters.entry(s.drafter).drafts:
     st.info("Pick a drafter in the sidebar: with `none` there is nothing to compare against the baseline.")
-if st.button("Run the checklist", key="run_checklist", type="primary", disabled=s.drafter == "none" or not chosen):
+if st.button("Run the checklist", key="run_checklist", type="primary", disabled=not drafters.entry(s.drafter).drafts or not chosen):
     bar = st.progress(0.0, text="Running the baseline and the speculative decoder on each prompt…")
     try:
         tgt = runs.target()
@@ -59,7 +66,8 @@ if st.button("Run the checklist", key="run_checklist", type="primary", disabled=
         with turns.hold(turns.shown(bar)):   # one turn at the shared model for the whole checklist
             res = checklist.run(tgt, lambda: runs.make_drafter(s, tgt), prompts, int(s.k), int(n_tok),
                                 on_step=lambda i, n: bar.progress(i / n, text=f"{i} of {n} prompts"))
-        st.session_state.checklist = (s, res)
+        # what was run: greedy, n_tok tokens (the sidebar's temperature and length do not apply here)
+        st.session_state.checklist = (dataclasses.replace(s, temperature=0.0, max_new_tokens=int(n_tok)), res)
     except Exception as e:  # every failure is a message, never a traceback
         st.error(runs.friendly(e))
     bar.empty()
@@ -67,8 +75,8 @@ if st.button("Run the checklist", key="run_checklist", type="primary", disabled=
 done = st.session_state.get("checklist")
 if done:
     ds, res = done
-    st.markdown(f"**Result** ({ds.summary()}, greedy): {checklist.verdict(res)}")
-    st.dataframe(checklist.table(res))
+    st.markdown(f"**Result** ({ds.summary()}): {checklist.verdict(res)}")
+    st.table(checklist.table(res, by_prompt=True))
     st.plotly_chart(checklist.figure(res), key="ck_fig")
     st.caption("A difference in greedy tokens means the implementation, not the algorithm: here it comes from "
                "bf16 rounding when two tokens tie, which batched and one-token forwards break differently.")

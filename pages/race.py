@@ -1,13 +1,17 @@
 """Race: the same prompt decoded plainly and speculatively, side by side, with the clock and the target's
 forward passes counted. The two runs are measured one after the other on this machine (running them at
-once would make them share the CPU), then replayed together on one clock."""
+once would make them share the CPU), then more pairs back to back (app/pairs.py, the measuring rule), and the
+median pair is replayed together on one clock, so the lanes show the pair the verdict quotes; below them,
+where the time went and TTFT/TPOT with speculation on and off."""
 import dataclasses
 import time
 
 import streamlit as st
 
-from app import play, runs, sidebar, turns, view
-from specdec_core import drafters, engine
+import pandas as pd
+
+from app import costs, pairs, play, runs, sidebar, view
+from specdec_core import drafters
 from specdec_core.bench import sweeps
 
 SPEEDS = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
@@ -24,13 +28,13 @@ st.markdown(
     "the text is done. They are measured one after the other, then replayed here on a shared clock.")
 
 s = sidebar.current()
-plain_s = dataclasses.replace(s, drafter="none")
+plain_s = dataclasses.replace(s, drafter=drafters.PLAIN)
 c1, c2 = st.columns([1, 4], vertical_alignment="center")
 clicked = c1.button("Start the race", type="primary", key="race", icon=":material/sports_score:")
 c2.caption(s.summary())
 holder, slot = play.slots()
 NONE_NOTE = None
-if s.drafter == "none":
+if not drafters.entry(s.drafter).drafts:
     NONE_NOTE = ("The drafter in the sidebar is `none`, so both lanes are plain decoding. Pick `lookup` or "
                  "`draft` to see speculation win (or lose).")
 
@@ -38,33 +42,16 @@ LANES = (("race_plain", "Plain decoding", "the target alone, one token per forwa
          ("race_spec", "Speculative decoding", None))
 
 
-def again(plain: runs.Run, spec: runs.Run, col) -> dict:
-    """The race is one pair; the quoted speedup follows the measuring rule of every measurement page
-    (sweeps.ratios): more pairs back to back, order alternating, the median ratio with its spread."""
-    tgt = runs.target()
-    ids, n = plain.prompt_ids, int(s.max_new_tokens)
-    lanes = {"none": (drafters.make("none", tgt), 0), "spec": (runs.make_drafter(s, tgt), int(s.k))}
-    tps = {"none": [plain.metrics.tokens_per_s], "spec": [spec.metrics.tokens_per_s]}
-    prog = col.progress(0.0, text="Timing the pair again, so the speedup is a median…")
-    with turns.hold(turns.shown(prog)) as turn:   # the shared model, one turn at a time (app/turns.py)
-        for r in range(1, sweeps.REPEATS):
-            for name in (["spec", "none"] if r % 2 else ["none", "spec"]):
-                d, k = lanes[name]
-                m = engine.run(tgt, d, ids, sp=s.sampling(), k=k, max_new_tokens=n, detail=False)[2]
-                tps[name].append(m.tokens_per_s)
-            prog.progress(r / (sweeps.REPEATS - 1), text=f"Timed {r + 1} of {sweeps.REPEATS} pairs")
-            turn.spell()   # between pairs (never inside one) others may take a turn
-    return sweeps.ratios(tps["spec"], tps["none"])
-
-
 def race() -> None:
-    ss.pop("race_error", None)
-    ss.pop("race_timing", None)
+    for key in ("race_error", "race_timing", "race_pair"):
+        ss.pop(key, None)
     try:  # validate both lanes before either starts
         plain, plain_records = runs.start(plain_s)
         spec, spec_records = runs.start(s)
-    except Exception as e:
+    except Exception as e:   # and no older race stays on the page under the error
         ss.race_error = runs.friendly(e)
+        ss.pop("race_plain", None)
+        ss.pop("race_spec", None)
         return
     ss.race_plain, ss.race_spec = plain, spec
     box = holder.container()
@@ -83,7 +70,10 @@ def race() -> None:
             ss.race_error = runs.friendly(e)
             return
     if plain.status == spec.status == "done":
-        ss.race_timing = again(plain, spec, cols[1])
+        prog = cols[1].progress(0.0, text="Timing the pair again, so the speedup is a median…")
+        t = pairs.time_pairs(s, plain, spec, prog)
+        ss.race_timing, ss.race_pair = t.timing, (t.median, len(t.plain))
+        ss.race_plain, ss.race_spec = plain, spec = t.plain[t.median], t.spec[t.median]
     holder.empty()
     end = max(plain.records[-1].elapsed, spec.records[-1].elapsed)
     ss.race_speed = next((x for x in SPEEDS if end / x <= REPLAY_S), SPEEDS[-1])
@@ -127,6 +117,10 @@ def board():
     b[2].select_slider("Replay speed", SPEEDS, key="race_speed", format_func=lambda x: f"{x:g}×")
     b[3].markdown(f"### :material/timer: {min(t, end_s):.2f} s")
 
+    pair = ss.get("race_pair")
+    if pair and pair[1] > 1:
+        st.caption(f"The lanes replay pair {pair[0] + 1} of the {pair[1]} timed back to back: the median pair, the "
+                   "one the verdict below quotes.")
     cols = st.columns(2, gap="large")
     for col, (key, title, sub) in zip(cols, LANES):
         run = ss[key]
@@ -135,7 +129,7 @@ def board():
         finished = last is run.records[-1]
         with col:
             name = sub or f"drafter `{run.settings.drafter}`" + (f", k = {run.settings.k}"
-                                                                 if run.settings.drafter != "none" else "")
+                                                                 if drafters.entry(run.settings.drafter).drafts else "")
             st.subheader((":material/trophy: " if finished and last.elapsed == min(plain.records[-1].elapsed,
                                                                       spec.records[-1].elapsed) else "") + title)
             st.caption(name)
@@ -148,7 +142,7 @@ def board():
                     '<div class="strip text-so-far"><i>reading the prompt…</i></div>')
     st.html(view.legend())
     if done:
-        p, q = plain.metrics, spec.metrics
+        p, q, greedy = plain.metrics, spec.metrics, spec.settings.temperature == 0
         same = [c.token for r in plain.records for c in r.committed] == \
                [c.token for r in spec.records for c in r.committed]
         tm = ss.get("race_timing") or sweeps.ratios([q.tokens_per_s], [p.tokens_per_s])
@@ -161,12 +155,19 @@ def board():
             f" plain, a speedup of **{tm['speedup']:.2f}×**{spread}, using {q.target_forwards} target forward "
             f"passes instead of {p.target_forwards}. Acceptance rate {q.acceptance_rate:.0%}, "
             f"{q.mean_acceptance_length:.2f} tokens per step."
-            + (" Both texts are identical, as they must be at temperature 0." if same and s.temperature == 0
-               else ""))
-        if not same and s.temperature == 0:
+            + (" Both texts are identical, as they must be at temperature 0." if same and greedy else ""))
+        if not same and greedy:
             st.info("At temperature 0 the two texts differ: a near-tie between two tokens was broken differently "
                     "by rounding in a one-token and a many-token forward pass (bf16 arithmetic), after which "
                     "the texts go their own ways. The rule itself is exact.")
+        st.markdown("##### Where the time went")
+        costs.render(spec.records, costs.split(plain.records), "This pair: a step and a token, plain against "
+                     "speculative", "race_costs", q.acceptance_rate if q.drafted else None)
+        st.dataframe(pd.DataFrame(costs.ttft_tpot(q, p)).set_index(""), key="race_ttft",
+                     column_config={c: st.column_config.NumberColumn(format="%.1f")
+                                    for c in ("TTFT ms", "TPOT ms", "tokens/s")})
+        st.caption("TTFT: time to the first token (the prompt's reading included). TPOT: time per output token "
+                   "after it. Both from the replayed pair.")
         ss.race_playing = False
 
 

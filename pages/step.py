@@ -4,7 +4,8 @@ import time
 
 import streamlit as st
 
-from app import captions, frames, play, runs, sidebar, turns, view
+from app import captions, costs, frames, play, runs, sidebar, step_panels, turns, view
+from specdec_core import drafters
 from specdec_core.metrics import summarize
 
 BASE_S = 0.9  # seconds per frame at 1x
@@ -23,7 +24,7 @@ settings = sidebar.current()
 c1, c2 = st.columns([1, 4], vertical_alignment="center")
 go_clicked = c1.button("Generate", type="primary", key="generate", icon=":material/play_circle:")
 c2.caption(settings.summary())
-if settings.drafter == "suffix":
+if drafters.entry(settings.drafter).session_index:
     ix = ss.get("suffix_index")
     seen = f"{len(ix.docs)} runs ({ix.size} tokens) so far" if ix is not None and ix.docs else "nothing yet"
     st.info(f"Suffix decoding drafts from everything this session has decoded: {seen}. Press **Generate** twice "
@@ -35,13 +36,17 @@ holder, notices = play.slots()
 
 
 def generate(s: runs.Settings) -> None:
-    """Stream a run into this session's state, then measure the plain baseline for the speedup."""
+    """Stream a run into this session's state, then measure the plain baseline for the speedup (and the
+    plain step's cost, for where the time went)."""
     ss.pop("step_error", None)
     try:
         run, records = runs.start(s)
-    except Exception as e:  # every failure becomes a message on the page
+    except Exception as e:  # every failure becomes a message on the page, and no older replay stays under it
         ss.step_error = runs.friendly(e)
+        ss.pop("run", None)
+        ss.pop("step_plain", None)
         return
+    ss.pop("step_plain", None)
     ss.run, ss.cursor = run, frames.Cursor()
     with holder.container(border=True):  # cleared when the run ends; the replay takes its place
         if run.note:
@@ -52,11 +57,11 @@ def generate(s: runs.Settings) -> None:
     try:
         play.stream(run, records, prog, live, lambda rec: f"Step {rec.index + 1}: {rec.n_generated} of up to "
                                                           f"{s.max_new_tokens} tokens, {rec.elapsed:.1f} s")
-        if s.drafter == "none":
-            run.baseline = run.metrics
-        else:
+        base = run.records
+        if drafters.entry(s.drafter).drafts:
             prog.progress(1.0, text="Decoding the same prompt plainly (no drafter) to measure the speedup…")
-            run.baseline = summarize(runs.baseline(s, run.prompt_ids, turns.shown(prog)))
+            base = runs.baseline(s, run.prompt_ids, turns.shown(prog))
+        run.baseline, ss.step_plain = summarize(base), costs.split(base)
     except Exception as e:
         ss.step_error = runs.friendly(e)
     holder.empty()
@@ -74,8 +79,7 @@ if run is None or not run.records:
     notices.html(view.legend())
     st.stop()
 
-if run.note:
-    notices.caption(run.note)
+notices.caption(f"Replaying the run of: {run.settings.summary()}" + (f". {run.note}" if run.note else ""))
 if run.status == "stopped":
     notices.warning(f"Stopped after {len(run.records)} steps ({run.records[-1].n_generated} tokens); "
                "the steps made so far can be replayed below.", icon=":material/stop_circle:")
@@ -157,81 +161,16 @@ def player():
     st.markdown(f'<div class="bigcap">{captions.caption(rec, fr, run.settings.temperature == 0)}</div>',
                 unsafe_allow_html=True)
 
-    left, right = st.columns([3, 2], gap="large")
-    with left:
-        st.html(view.context_strip(run.prompt_text, recs, cur.step, fr))
-        if rec.k and fr.phase != frames.DRAFT:
-            st.html(view.verify_table(rec, fr))
-        if rec.info:
-            _drafter_info(rec.info)
-    with right:
-        if fr.phase == frames.VERIFY:
-            st.plotly_chart(view.pq_figure(rec.positions[fr.checked - 1], fr.checked - 1),
-                            key="chart")
-        elif fr.phase == frames.RESULT:
-            st.plotly_chart(view.result_figure(rec), key="chart")
-        elif rec.k and rec.positions[fr.shown - 1].q_top:
-            pos = rec.positions[fr.shown - 1]
-            st.plotly_chart(view.bars([("q: draft", pos.q_top, view.Q_COLOR)], pos.token,
-                                      f"What the drafter believed for draft #{fr.shown}"),
-                            key="chart")
-        elif rec.k:
-            st.info("This drafter copies text, so it has no probabilities of its own: it is treated as "
-                    "certain, q = 1 for the token it copied and 0 for every other.")
+    step_panels.step_view(run.prompt_text, recs, cur.step, fr, run.settings.temperature == 0)
 
     st.markdown("##### The text so far")
     st.html(view.text_so_far(recs, cur.step, include_last=fr.phase == frames.RESULT))
     st.html(view.legend())
     st.caption("Hover over a token to see its probabilities.")
-    _metrics(cur.step)
+    step_panels.metrics(recs, cur.step, run.baseline, ss.get("step_plain"))
 
     if cur.at_end(recs):
         cur.playing = False
-
-
-def _drafter_info(info: dict) -> None:
-    """Drafter-specific extras, shown when present (the n-gram match; a tree and its accepted path)."""
-    bits = []
-    if "ngram" in info:
-        bits.append(f"matched a {info['ngram']}-token n-gram at position {info.get('match_at', '?')}")
-    if info.get("match"):
-        bits.append(f"the last {info['match']} tokens were seen {info.get('occurrences', '?')} times before in this "
-                    f"session; their continuations make a tree of {info.get('nodes', '?')} candidates")
-    if "tree" in info:
-        tree = info["tree"]
-        bits.append(f"tree of {len(tree) if hasattr(tree, '__len__') else tree} candidate nodes")
-    if "accepted_path" in info:
-        bits.append(f"accepted path {info['accepted_path']}")
-    if bits:
-        st.caption("Drafter: " + "; ".join(bits) + ".")
-
-
-NAMES = ["Acceptance rate", "Mean acceptance length", "Tokens/s", "Speedup vs plain", "Target forward passes"]
-
-
-def _metrics(step: int) -> None:
-    """The same figures for every phase of a step, labelled with what they count: the run through this
-    step, and the whole run."""
-    st.markdown(f"##### Metrics through step {step + 1} of {len(recs)}")
-    _metric_row(frames.running(recs, step), f"steps 1–{step + 1}")
-    st.markdown(f"##### Whole run: {len(recs)} steps, {recs[-1].n_generated} tokens")
-    _metric_row(frames.running(recs, len(recs) - 1), "the whole run")
-
-
-def _metric_row(m, span: str) -> None:
-    cols = st.columns(len(NAMES))
-    base = run.baseline
-    cols[0].metric(NAMES[0], f"{m.acceptance_rate:.0%}" if m.drafted else "—",
-                   help=f"Accepted drafted tokens / drafted tokens ({m.accepted} / {m.drafted}), {span}")
-    cols[1].metric(NAMES[1], f"{m.mean_acceptance_length:.2f}",
-                   help=f"Tokens committed per verification step, {span} (plain decoding: 1.00)")
-    cols[2].metric(NAMES[2], f"{m.tokens_per_s:.1f}", help=f"{span.capitalize()}, prompt processing included")
-    cols[3].metric(NAMES[3], f"{m.tokens_per_s / base.tokens_per_s:.2f}×" if base and base.tokens_per_s else "—",
-                   help=f"Tokens/s over {span} divided by tokens/s of plain decoding on the same prompt and settings"
-                        + (f" ({base.tokens_per_s:.1f} tokens/s, whole run)" if base else
-                           " (not measured: stopped early)"))
-    cols[4].metric(NAMES[4], f"{m.target_forwards}",
-                   help=f"For {m.tokens} tokens, {span}; plain decoding needs one pass per token")
 
 
 play.autoplay(player, interval)

@@ -7,12 +7,13 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from app import limits, measure, sidebar
+from specdec_core import drafters
 from specdec_core.bench import sweeps
 from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_temperature"
 DRAFTING = {"sample": "sampled", "greedy": "greedy", "both": "both, side by side"}
-MODEL_DRAFTS = ("draft", "early-exit")
+MODEL_DRAFTS = drafters.MODEL_DRAFTS   # a drafting mode (greedy or sampled guesses) applies to these
 TEMPS = [0.0, 0.25, 0.5, 0.6, 0.75, 1.0, 1.2, 1.25, 1.5]
 PANELS = [("acceptance_rate", "acceptance rate", ".0%"), ("mean_acceptance_length", "tokens per step", ".2f"),
           ("speedup", "speedup (×)", ".2f")]
@@ -87,7 +88,7 @@ def points(tgt, specs, live):
     for mode in modes:
         use = [(n, lm) for n, lm in specs if mode == modes[0] or n in MODEL_DRAFTS]
         for p in measure.sweep_points(sweeps.sweep_temperature, tgt, use, ids, temps, s, live, k=s.k,
-                                      max_new_tokens=max_new, seed=s.seed, top_p=s.top_p, draft=mode):
+                                      max_new_tokens=max_new, seed=s.seed, top_p=s.top_p, draft_mode=mode):
             if mode == "greedy" and p["drafter"].split(" ")[0] in MODEL_DRAFTS:
                 p["drafter"] += " · greedy drafting"
             yield p

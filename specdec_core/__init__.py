@@ -3,7 +3,8 @@
 Leviathan et al., "Fast Inference from Transformers via Speculative Decoding" (ICML 2023);
 Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023).
 """
-from .sampling import InputError, SamplingParams
+from .errors import InputError
+from .sampling import SamplingParams
 from .models import LM, ModelError, IncompatibleModels, load, check_compatible
 from .engine import decode, run
 from .drafters import make as make_drafter, NAMES as DRAFTERS, DrafterUnavailable

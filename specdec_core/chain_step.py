@@ -29,6 +29,7 @@ class Checked:
     q: torch.Tensor       # [m, V] the draft's (one-hot for a deterministic draft)
     v: ChainVerdict
     kept: list[int]       # slots that become committed entries, in order (the pending token's first)
+    walk: object = None   # a tree step: tree_step.Walk, every candidate and how the rule tested it
 
 
 def pad_vocab(x: torch.Tensor, v: int) -> torch.Tensor:

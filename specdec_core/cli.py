@@ -15,10 +15,11 @@ import json
 import sys
 
 from .bench.sweeps import REPEATS
-from .drafters import NAMES, DrafterUnavailable, make
+from .drafters import NAMES, PLAIN, TRAINED, DrafterUnavailable, entry, make, resolve_draft
 from .engine import run
+from .errors import InputError
 from .models import BUNDLED, LM, ModelError, load
-from .sampling import InputError, SamplingParams
+from .sampling import SamplingParams
 
 class PeerMissing(RuntimeError):
     """The peer engine is not installed; the message says how to install it."""
@@ -29,7 +30,7 @@ USER_ERRORS = (InputError, ModelError, DrafterUnavailable, ValueError, FileNotFo
 
 def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=BUNDLED, help="target: 'bundled', a local directory or a hub id")
-    ap.add_argument("--draft-model", default=None, help="draft for --drafter draft ('bundled', directory, hub id)")
+    ap.add_argument("--draft-model", default=None, help="draft for --drafter draft ('bundled', 'distilled', directory, hub id)")
     ap.add_argument("--k", type=int, default=None, help="draft length (default: the drafter's own)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -133,7 +134,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="one JSON object per prompt, then the verdict")
     _repeats(c)
     t = sub.add_parser("train", help="train a draft source for the bundled target", add_help=False)
-    t.add_argument("kind", choices=["draft", "early-exit", "medusa", "eagle"])
+    t.add_argument("kind", choices=TRAINED)
     return ap
 
 
@@ -144,8 +145,8 @@ def _models(args) -> tuple[LM, LM | None]:
     target = load(args.model, dtype=args.dtype, device=args.device, forward=args.forward)
     draft = None
     if args.draft_model:
-        draft = target if args.draft_model == args.model else load(args.draft_model, dtype=args.dtype,
-                                                                     device=args.device, forward=args.forward)
+        draft = resolve_draft(args.draft_model, target, target_spec=args.model,
+                            load=lambda spec: load(spec, dtype=args.dtype, device=args.device, forward=args.forward))
     return target, draft
 
 
@@ -207,8 +208,7 @@ def _prompt_rows(paths: list[str], limit: int | None, categories: list[str] | No
 
 def _check_drafters(names: list[str]) -> None:
     for d in names:
-        if d not in NAMES:
-            raise DrafterUnavailable(f"unknown drafter {d!r}; choose from {', '.join(NAMES)}")
+        entry(d)   # DrafterUnavailable for a name the registry does not know
 
 
 def _check_early(args) -> SamplingParams:
@@ -260,7 +260,7 @@ def cmd_bench(args) -> int:
     sp = _check_early(args)
     _check_drafters(args.drafter)
     target, draft_lm = _models(args)
-    drafters = {"none": make("none", target)} | {d: make(d, target, draft_lm) for d in args.drafter if d != "none"}
+    drafters = {PLAIN: make(PLAIN, target)} | {d: make(d, target, draft_lm) for d in args.drafter if entry(d).drafts}
     rows = rows_in
     prompts = [target.encode(row["prompt"], raw=args.raw) for row in rows]
     meta = [{"id": row["id"], "category": row.get("category", "")} for row in rows]
@@ -280,7 +280,7 @@ def cmd_bench(args) -> int:
             acceptance_rate=("acceptance_rate", "mean"), mean_acc_len=("mean_acceptance_length", "mean"),
             same_tokens=("same_tokens_as_baseline", "mean")))
     agg["tok_s"] = agg.tokens / agg.seconds
-    agg["speedup_vs_none"] = agg.tok_s / agg.loc["none", "tok_s"]
+    agg["speedup_vs_none"] = agg.tok_s / agg.loc[PLAIN, "tok_s"]
     dest = sys.stderr if args.json else sys.stdout
     print(f"\nmodel {target.name} ({str(target.dtype).removeprefix('torch.')}, {target.device}, "
           f"{target.forward_name} forward); "
@@ -320,7 +320,7 @@ def cmd_bench_peer(args) -> int:
     args.threads = args.threads or torch.get_num_threads()
     target, draft_lm = _models(args)
     # our plain and lookup runs are the comparison itself; any other drafter joins it, on our engine only
-    extra = {d: make(d, target, draft_lm) for d in dict.fromkeys(args.drafter or []) if d not in ("none", "lookup")}
+    extra = {d: make(d, target, draft_lm) for d in dict.fromkeys(args.drafter or []) if d not in peer.OURS}
     prompts = [target.encode(r["prompt"]).tolist() for r in rows]
     meta = [{"id": r["id"], "category": r.get("category", "")} for r in rows]
     repeats = args.repeats or REPEATS
@@ -357,7 +357,7 @@ def cmd_profile(args) -> int:
     sp = _check_early(args)
     _check_drafters(args.drafter)
     target, draft_lm = _models(args)
-    drafters = {d: make(d, target, draft_lm) for d in dict.fromkeys(["none"] + args.drafter)}
+    drafters = {d: make(d, target, draft_lm) for d in dict.fromkeys([PLAIN] + args.drafter)}
     prompts = [target.encode(r["prompt"], raw=args.raw) for r in rows]
     repeats = args.repeats or REPEATS
     bar = tqdm(total=repeats * len(prompts) * len(drafters), desc="profile", file=sys.stderr)
@@ -469,8 +469,7 @@ def cmd_sweep(args) -> int:
     from .bench.workloads import load_jsonl
     rows = load_jsonl(args.prompts)[:args.limit]
     _check_early(args)
-    if args.drafter not in NAMES:
-        raise DrafterUnavailable(f"unknown drafter {args.drafter!r}; choose from {', '.join(NAMES)}")
+    entry(args.drafter)   # DrafterUnavailable for a name the registry does not know
     target, draft_lm = _models(args)
     make(args.drafter, target, draft_lm)  # fail early if it cannot run
     prompts = [target.encode(r["prompt"], raw=args.raw) for r in rows]
@@ -483,13 +482,13 @@ def cmd_sweep(args) -> int:
         pts = sweeps.sweep_temperature(target, args.drafter, prompts, vals, k=args.k,
                                        max_new_tokens=args.max_new_tokens, seed=args.seed, top_p=args.top_p,
                                        draft_lm=draft_lm, tick=lambda _: bar.update(), repeats=args.repeats,
-                                       draft=args.draft_sampling)
+                                       draft_mode=args.draft_sampling)
     elif args.axis == "k":
         vals = [int(x) for x in _floats(args.ks, "ks")]
         bar = tqdm(total=2 * (args.repeats or REPEATS) * len(vals) * len(prompts), desc="sweep k", file=sys.stderr)
         pts = sweeps.sweep_k(target, args.drafter, prompts, vals, temperature=args.temperature,
                              max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
-                             tick=lambda _: bar.update(), repeats=args.repeats, draft=args.draft_sampling)
+                             tick=lambda _: bar.update(), repeats=args.repeats, draft_mode=args.draft_sampling)
     else:
         vals = [int(x) for x in _floats(args.batch_sizes, "batch-sizes")]
         if any(b < 1 for b in vals):
@@ -497,7 +496,7 @@ def cmd_sweep(args) -> int:
         bar = tqdm(total=2 * (args.repeats or REPEATS) * len(vals), desc="sweep batch", file=sys.stderr)
         pts = sweeps.sweep_batch(target, args.drafter, prompts, vals, k=args.k, temperature=args.temperature,
                                  max_new_tokens=args.max_new_tokens, seed=args.seed, draft_lm=draft_lm,
-                                 tick=lambda _: bar.update(), repeats=args.repeats, draft=args.draft_sampling,
+                                 tick=lambda _: bar.update(), repeats=args.repeats, draft_mode=args.draft_sampling,
                                  k_policy=args.k_policy)
     table = []
     for p in pts:

@@ -26,7 +26,7 @@ from .drafters import Drafter, Proposal
 from .metrics import RunMetrics, summarize
 from .models import LM
 from .policy import KPolicy
-from .records import Candidate, Committed, Position, StepRecord
+from .records import Candidate, Committed, Position, StepRecord, TreeNode, TreeView, Trial
 from .sampling import InputError, SamplingParams
 from .step import MAX_K, Row, prefill, step
 
@@ -130,7 +130,21 @@ class Show:
             text=self.tok.decode(generated, skip_special_tokens=True) if self.detail else "",
             cache_len=cache_len, target_forwards=fwd_t, draft_forwards=fwd_d,
             t_draft=t[1] - t[0], t_score=t[2] - t[1], t_verify=t[3] - t[2], t_commit=t[4] - t[3],
-            elapsed=time.perf_counter() - t0, info=dict(prop.info), done=bool(stop), stop_reason=stop)
+            elapsed=time.perf_counter() - t0, info=dict(prop.info), done=bool(stop), stop_reason=stop,
+            tree=self.tree(prop, c.walk) if c.walk is not None else None)
+
+    def tree(self, prop: Proposal, w) -> TreeView:
+        """Every candidate of a tree step (tree_step.Walk) with its trial, in the order the rule tested them;
+        on `detail`, the top of the residual after each rejection."""
+        tree, v = w.tree, w.verdict
+        res = {n: self.top(r) for n, r in w.residuals().items()} if self.detail else {}
+        trials = {t.node: Trial(j, t.p_x, t.q_x, t.accept_prob, t.u, t.accepted, res.get(t.node, []))
+                  for j, t in enumerate(v.trials)}
+        conf = [None] + (list(prop.conf) if prop.conf is not None else [None] * (tree.size - 1))
+        on = {0, *v.path}
+        nodes = [TreeNode(i, int(tree.parent[i]), int(tree.depth[i]), int(tree.rank[i]), x, self.piece(x),
+                          conf[i], trials.get(i), i in on) for i, x in enumerate(w.ids)]
+        return TreeView(nodes, tree.mask.tolist(), list(v.path))
 
 
 def run(target: LM, drafter: Drafter, prompt, **kw) -> tuple[list[int], list[StepRecord], RunMetrics]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sampling import InputError
+from .errors import InputError
 
 POLICIES = ("fixed", "schedule", "confidence", "batch")
 CONFIDENCE = 0.4                               # stop below this top probability

@@ -10,13 +10,11 @@ from dataclasses import dataclass, asdict
 
 import torch
 
+from .errors import InputError   # raised here; re-exported, so `from .sampling import InputError` keeps working
+
 MAX_TEMPERATURE = 5.0
 MIN_TEMPERATURE = 0.01   # below this, logits / T overflow float32 into NaN; 0 itself is greedy
 DRAFTING = ("sample", "greedy")
-
-
-class InputError(ValueError):
-    """Bad user input: the message says exactly what is wrong and what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -25,8 +23,8 @@ class SamplingParams:
     top_k: int = 0        # 0 = off
     top_p: float = 1.0    # 1 = off
     seed: int = 0
-    draft: str = "sample"  # how a model draft picks its guess at T > 0: "sample" from q, or "greedy" (its argmax,
-                           # reported as a one-hot q: engines' default, vLLM draft_sample_method)
+    draft_mode: str = "sample"  # how a model draft picks its guess at T > 0: "sample" from q, or "greedy" (its
+                                # argmax, reported as a one-hot q: engines' default, vLLM draft_sample_method)
 
     def __post_init__(self):
         if not (0.0 <= self.temperature <= MAX_TEMPERATURE):
@@ -37,8 +35,8 @@ class SamplingParams:
             raise InputError(f"top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InputError(f"top-k must be >= 0 (0 turns it off), got {self.top_k}")
-        if self.draft not in DRAFTING:
-            raise InputError(f"draft sampling must be one of {', '.join(DRAFTING)}, got {self.draft!r}")
+        if self.draft_mode not in DRAFTING:
+            raise InputError(f"draft sampling must be one of {', '.join(DRAFTING)}, got {self.draft_mode!r}")
 
     @property
     def greedy(self) -> bool:

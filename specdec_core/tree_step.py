@@ -11,9 +11,12 @@ counterpart is chain_step.py; this module gives the engine and the batch the sam
   kept    - the root and the accepted path's nodes become committed entries: the engine moves them into
             place right after the context, in every layer, and drops the rest. The step is shown as a chain:
             drafted = the accepted path + the first rejected child of its last node (if one was tried), so
-            acceptance rates compare with chain drafters
+            acceptance rates compare with chain drafters; the whole walk (every candidate, every trial) rides
+            along as a Walk, which the engine turns into the record's TreeView
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -21,8 +24,31 @@ from .chain_step import Checked
 from .drafters import Proposal
 from .sampling import SamplingParams, probs
 from .tree import Tree
-from .verify import ChainVerdict, one_hot
+from .verify import ChainVerdict, one_hot, residual
 from .verify_tree import TreeVerdict, verify_tree
+
+
+@dataclass
+class Walk:
+    """A tree step as verified: the tree, its node ids [T] (root first), the target's p after each node [T, V]
+    and the verdict (every trial in order)."""
+    tree: Tree
+    ids: list[int]
+    p: torch.Tensor
+    verdict: TreeVerdict
+
+    def residuals(self) -> dict[int, torch.Tensor]:
+        """node -> the residual [V] left after its rejection: replays verify_tree's rule over the recorded trials
+        (deterministic candidates, so q is one-hot: the rejected token's mass removed, renormalized)."""
+        out, r, at = {}, None, None
+        for t in self.verdict.trials:
+            par = int(self.tree.parent[t.node])
+            if par != at:                         # the rule moved to a new parent: it starts from p(. | parent)
+                r, at = self.p[par], par
+            if not t.accepted:
+                r = residual(r, one_hot(torch.tensor([self.ids[t.node]], device=r.device), r.shape[-1])[0])
+                out[t.node] = r
+        return out
 
 
 def slots(pending: int, prop: Proposal, k: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
@@ -41,8 +67,7 @@ def chain_view(tree: Tree, v: TreeVerdict) -> list[int]:
 
 def verify(logits: torch.Tensor, ids: list[int], prop: Proposal, sp: SamplingParams,
            gen: torch.Generator | None) -> Checked:
-    """The target's logits over the tree [T, V] -> the verdict, seen as a chain; fills prop.info with the tree,
-    the candidates and the accepted path for the animation."""
+    """The target's logits over the tree [T, V] -> the verdict, seen as a chain, with the whole walk."""
     tree: Tree = prop.tree
     nodes = torch.tensor(ids, dtype=torch.long, device=logits.device)                  # [T]
     p = probs(logits, sp)                                                              # [T, V]
@@ -52,7 +77,5 @@ def verify(logits: torch.Tensor, ids: list[int], prop: Proposal, sp: SamplingPar
     trial = {t.node: t for t in v.trials}
     f = lambda key: torch.tensor([getattr(trial[n], key) for n in shown], dtype=torch.float32)
     verdict = ChainVerdict(len(v.path), v.token, v.kind, f("p_x"), f("q_x"), f("accept_prob"), f("u"), v.final_dist)
-    prop.info.update(tree=[list(x) for x in tree.paths], candidates=ids, accepted_path=v.path,
-                     tried=[t.node for t in v.trials])
     # p before each shown token, then after the last; the drafts are deterministic (one-hot q)
-    return Checked(draft, p[[0] + shown], one_hot(draft, p.shape[-1]), verdict, [0] + v.path)
+    return Checked(draft, p[[0] + shown], one_hot(draft, p.shape[-1]), verdict, [0] + v.path, Walk(tree, ids, p, v))

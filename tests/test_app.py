@@ -315,6 +315,15 @@ def test_race_counts_time_and_target_passes():
     tm = at.session_state.race_timing
     assert tm["repeats"] == 3 and tm["speedup_min"] <= tm["speedup"] <= tm["speedup_max"]
     assert f"{tm['speedup']:.2f}×** (median of 3 back-to-back pairs" in at.success[0].value
+    # the lanes replay that median pair, and say so
+    assert spec.metrics.tokens_per_s / plain.metrics.tokens_per_s == tm["speedup"]
+    i, n = at.session_state.race_pair
+    assert n == 3 and f"pair {i + 1} of the 3" in " ".join(c.value for c in at.caption)
+    # where the time went, and TTFT/TPOT with speculation on and off
+    assert any(f["layout"]["title"]["text"].startswith("This pair") for f in _figures(at))
+    ttft = at.dataframe[0].value
+    assert list(ttft.index) == ["speculation on", "speculation off"]
+    assert ttft.loc["speculation off", "TTFT ms"] == pytest.approx(1e3 * plain.metrics.ttft_s)
 
 
 def test_lesson_page_loads_a_workload_preset_into_the_sidebar():
@@ -352,3 +361,51 @@ def test_sidebar_k_policy_and_greedy_drafting_reach_the_engine():
     assert all(p.q == 1.0 for r in run.records for p in r.positions)          # greedy guesses: one-hot q
     ks = [r.k for r in run.records if r.k]
     assert len(ks) > 1 and (max(ks) > 4 or min(ks) < 4)                       # the schedule moved k
+
+
+def _figures(at: AppTest) -> list[dict]:
+    import json
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "eagle", "suffix"])
+def test_a_tree_drafter_shows_its_tree_walked_trial_by_trial(drafter):
+    """Every tree drafter: the draft phase draws the tree (one marker per drafted candidate) beside its
+    attention mask; each verify frame adds one trial row, in the order the rule tested; no chain wording; the
+    info box says what the drafter is; and the time breakdown renders."""
+    at = generate(new_app(drafter=drafter, temperature=0.0, max_new_tokens=24, prompt=REPEAT))
+    run = at.session_state.run
+    assert not at.error and run.status == "done"
+    i = next(j for j, r in enumerate(run.records) if r.tree is not None and r.tree.drafted > 1)
+    rec = run.records[i]
+    at.button(key="first").click().run()
+    for _ in range(i):
+        at.button(key="next").click().run()
+    at.session_state.cursor.frame = rec.tree.depth - 1        # the whole tree drafted
+    at.run()
+    figs = {f["layout"]["title"]["text"].split(":")[0]: f for f in _figures(at)}
+    tree = next(f for t, f in figs.items() if t.startswith("The candidate tree"))
+    cand = next(d for d in tree["data"] if d.get("name") == "candidates")
+    assert len(cand["x"]) == rec.tree.drafted and any(t.startswith("Tree attention") for t in figs)
+    page = html(at)
+    assert "copies text" not in page and "guesses the next" not in page
+    assert f"{rec.tree.drafted} candidates" in page
+    for n in range(1, len(rec.tree.tried()) + 1):
+        at.button(key="phase_next").click().run()
+        assert at.session_state.cursor.frame == rec.tree.depth - 1 + n
+        page = html(at)
+        assert page.count('class="vrow vrow-') == n and "thrown away too" not in page
+        assert f"trial {n} of {len(rec.tree.tried())}" in at.subheader[0].value
+    assert any(f["layout"]["title"]["text"].startswith("The whole run") for f in _figures(at))   # the costs
+    assert "one run against one plain run, unpaired" in " ".join(c.value for c in at.caption).lower()
+
+
+def test_nothing_stale_remains_after_an_error():
+    """A failed Generate clears the replay of the run before it: no steps, no metrics, only the error."""
+    at = generate(new_app(drafter="lookup", max_new_tokens=6, prompt=REPEAT))
+    assert at.session_state.run.records and at.metric
+    set_controls(at, prompt="   ")
+    generate(at)
+    assert len(at.error) == 1 and "prompt is empty" in at.error[0].value
+    assert "run" not in at.session_state and not at.metric and not at.get("plotly_chart")
+    assert not any(s.value.startswith("Step ") for s in at.subheader)

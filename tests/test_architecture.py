@@ -165,6 +165,52 @@ def test_only_the_backend_tells_the_backends_apart():
     assert not bad, f"backend checks outside {sorted(SEAM)}: {bad}"
 
 
+def _strings(node) -> list[str]:
+    """The string literals a comparison operand spells out: a constant, or a literal tuple/list/set of them."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return []
+
+
+def name_comparisons(source: str, names) -> list[tuple[int, str]]:
+    """(line, code) of every comparison of something against a drafter name spelled as a string: `x == "none"`,
+    `"eagle" != x`, `x in ("draft", "early-exit")` (and their negations)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left] + node.comparators
+        for op, a, b in zip(node.ops, sides, sides[1:]):
+            if isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)):
+                lits = [x for side in (a, b) if isinstance(side, ast.Constant) for x in _strings(side)]
+            elif isinstance(op, (ast.In, ast.NotIn)) and not isinstance(b, ast.Constant):
+                lits = _strings(b)
+            else:
+                lits = []
+            if set(lits) & set(names):
+                out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_no_drafter_name_is_compared_as_a_string_outside_drafters():
+    """What a drafter is (drafts at all, needs a draft model, reports q, reads hidden states, has weights for
+    a target) is asked of the registry (drafters/registry.py), never decided by spelling its name."""
+    from specdec_core.drafters import NAMES
+    mods, _ = graph()
+    bad = [f"{p.relative_to(ROOT)}:{line}: {code}" for m, p in mods.items()
+           if not m.startswith("specdec_core.drafters") for line, code in name_comparisons(p.read_text(), NAMES)]
+    assert not bad, "drafter names compared as strings (ask specdec_core.drafters.entry(name)):\n" + "\n".join(bad)
+
+
+def test_the_name_check_sees_each_form():
+    names = ("none", "draft")
+    src = ('a = s.drafter == "none"\nb = "draft" != s.drafter\nc = n in ("draft", "x")\nd = n not in ["none"]\n'
+           'e = k == "other"\nf = "none" in text\ng = n in NAMES\n')
+    assert [line for line, _ in name_comparisons(src, names)] == [1, 2, 3, 4]
+
+
 def test_the_diagram_is_the_code():
     block = re.search(r"```mermaid\n(.*?)\n```", DOC.read_text(), re.S)
     assert block, f"{DOC.name} has no mermaid block"

@@ -39,11 +39,13 @@ def test_tiny_temperatures_are_refused_not_nan():
 
 
 def test_a_missing_draft_config_is_named(tmp_path):
-    """The shipped draft's weights without its config: one clear line naming both files (the CLI prints
-    FileNotFoundError as `error: ...`, status 2), before the target's weights are touched."""
+    """The shipped draft's weights without its config: one clear line naming the missing file and how to make
+    it (the CLI prints DrafterUnavailable as `error: ...`, status 2), before the target's weights are touched."""
     from specdec_core.cli import USER_ERRORS
     from specdec_core.drafters.distilled import load_draft
     (tmp_path / "draft.safetensors").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match=r"\(draft.safetensors, draft.config.json\) is missing") as e:
+    from specdec_core.drafters import DrafterUnavailable
+    with pytest.raises(DrafterUnavailable, match=r"no trained draft config at draft.config.json: run "
+                                                 r"`python -m specdec_core train draft`") as e:
         load_draft(None, folder=tmp_path)
     assert isinstance(e.value, USER_ERRORS) and "\n" not in str(e.value)

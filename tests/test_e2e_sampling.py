@@ -154,7 +154,7 @@ def maker(name: str, m: dict):
 T07, T10 = dict(temperature=0.7), dict(temperature=1.0)
 T07W, T10W = dict(temperature=0.7, top_k=6, top_p=0.9), dict(temperature=1.0, top_k=5, top_p=0.8)
 SP = {"T0.7": T07, "T0.7-topk6-topp0.9": T07W, "T1.0": T10, "T1.0-topk5-topp0.8": T10W,
-      "T1.0-greedy-drafting": dict(temperature=1.0, draft="greedy")}
+      "T1.0-greedy-drafting": dict(temperature=1.0, draft_mode="greedy")}
 # Every drafter and every setting, within the time budget (3 minutes of one core for this file): a drafter
 # with q costs ~20 s of one core per 12,000 runs (a draft forward per drafted token per row), lookup ~5 s and
 # Medusa ~10 s. So the 5 x 4 grid is cut to 7 cases, each drafter once or twice and each setting at least once:

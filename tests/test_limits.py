@@ -90,9 +90,13 @@ def test_the_sidebar_and_a_measurement_page_clamp_to_the_cap(no_settings, monkey
     at.run()
     assert not at.exception
     w = at.number_input(key="max_new_tokens")
-    assert w.max == 16 and w.value == 16      # the default 48 clamped
+    assert w.value == 16                      # the default 48 clamped
     assert any("48 new tokens is more than this server allows per run (16)" in x.value
                and limits.ENV_TOKENS in x.value for x in at.sidebar.warning)
+    at.number_input(key="max_new_tokens").set_value(100000).run()   # typed: clamped, and said, never silent
+    assert at.number_input(key="max_new_tokens").value == 16
+    said = " ".join(x.value for x in at.sidebar.warning)
+    assert "100000" in said and "using 16" in said
     at.switch_page("../pages/temperature.py").run()
     assert not at.exception
     w = at.number_input(key="temp_max_new")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from specdec_core.bench.invariance import first_difference
 from specdec_core.cli import main
 from specdec_core.serving import endpoint, peer, remote
 from specdec_core.serving.endpoint import EndpointError
@@ -324,7 +325,7 @@ def test_the_checklist_against_live_llama_cpp_servers(tmp_path):
         msgs = [{"role": "user", "content": p}]
         want_off, want_on = direct(msgs, n), direct(msgs, n, 10)
         assert a.text == want_off and b.text == want_on             # the server's answers are llama.cpp's own
-        assert rep.diff(i)["first_diff_char"] == peer.first_diff(want_off, want_on)
+        assert rep.diff(i)["first_diff_char"] == first_difference(want_off, want_on)
     assert rep.base.counters.lines()[0].startswith("no Prometheus metrics:")   # this server has no /metrics
     md = remote.report_markdown(rep)
     assert "## Per prompt" in md and on in md

@@ -13,7 +13,8 @@ from specdec_core import cli
 from specdec_core.bench import profile as prof
 from specdec_core.cli import main
 from specdec_core.drafters import make
-from specdec_core.records import StepRecord
+from specdec_core.records import StepRecord, TreeNode, TreeView
+from specdec_core.tree import compile_tree
 from tests.tiny import AnyTok, perturbed, tiny_lm
 
 PROMPT = "abcabcabcdabcabc"      # repeats, so lookup and suffix find matches
@@ -82,11 +83,19 @@ def test_what_the_score_pass_scored(rows):
     assert by["draft"]["c"] > by["lookup"]["c"] > 0     # a model's forward per guess costs more than a search
 
 
-def rec(i: int, elapsed: float, k: int = 0, info: dict | None = None, **t) -> StepRecord:
+def rec(i: int, elapsed: float, k: int = 0, tree: TreeView | None = None, **t) -> StepRecord:
     tt = {"t_draft": 0.0, "t_score": 0.0, "t_verify": 0.0, "t_commit": 0.0} | t
     return StepRecord(index=i, drafter="x", drafted=[1] * k, positions=[], n_accepted=0, final_token=0,
                       final_piece="", final_kind="bonus", final_top=[], committed=[], n_generated=0, text="",
-                      cache_len=0, target_forwards=i + 1, draft_forwards=0, elapsed=elapsed, info=info or {}, **tt)
+                      cache_len=0, target_forwards=i + 1, draft_forwards=0, elapsed=elapsed, tree=tree, **tt)
+
+
+def tree_view(paths) -> TreeView:
+    """A TreeView of a declared tree (tokens 5, 6, ... in node order), nothing tested."""
+    t = compile_tree(paths)
+    nodes = [TreeNode(i, int(t.parent[i]), int(t.depth[i]), int(t.rank[i]), 5 + i, "", None, None, i == 0)
+             for i in range(t.size)]
+    return TreeView(nodes, t.mask.tolist(), [])
 
 
 def test_the_step_accounting_on_known_timings():
@@ -94,7 +103,7 @@ def test_the_step_accounting_on_known_timings():
     record to its own, and what the four phases leave of it is bookkeeping."""
     run = [rec(0, 0.500, t_score=0.010),
            rec(1, 0.520, 3, t_draft=0.002, t_score=0.012, t_verify=0.001, t_commit=0.001),
-           rec(2, 0.550, 3, {"tree": [[0], [1], [0, 0]], "candidates": [5, 6, 7, 8]},
+           rec(2, 0.550, 3, tree_view([(0,), (1,), (0, 0)]),
                t_draft=0.004, t_score=0.020, t_verify=0.002, t_commit=0.002)]
     st = prof.steady([run])
     assert [round(w, 6) for _, w in st] == [0.020, 0.030]

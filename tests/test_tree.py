@@ -236,6 +236,47 @@ def test_greedy_tree_commits_the_argmax_chain():
         assert all(int(toks[k]) != want[len(v.path)] for k in tree.children[node])
 
 
+def test_the_record_shows_every_candidate_and_trial_as_the_rule_made_them():
+    """The step record's TreeView: one node per drafted candidate (root first, with parent, depth and rank as
+    compiled), each trial exactly as verify_tree made it (same generator), the accepted path lit, and after each
+    rejection the residual the next sibling is tested against."""
+    from specdec_core import tree_step
+    from specdec_core.drafters import Proposal
+    from specdec_core.engine import Show
+    from specdec_core.sampling import SamplingParams as SP
+
+    class Tok:
+        def decode(self, ids, **kw):
+            return "".join(f"<{i}>" for i in ids)
+
+    s, tree, rejected = Synth(1.2), compile_tree(DEEP), 0
+    for seed in range(40):
+        ctx = (seed % V, 1)
+        toks, _, p = _draft(s, tree, ctx, "ranked", None)
+        prop = Proposal(toks[1:], tree=tree, conf=[0.5] * (tree.size - 1))
+        c = tree_step.verify(p.log(), toks.tolist(), prop, SP(temperature=1.0), torch.Generator().manual_seed(seed))
+        v = verify_tree(p, toks, tree, torch.Generator().manual_seed(seed))
+        view = Show(Tok(), detail=True).tree(prop, c.walk)
+        assert view.drafted == len(prop.tokens) == tree.size - 1 and view.path == v.path
+        assert [(n.index, n.parent, n.depth, n.rank, n.token) for n in view.nodes] == \
+            [(i, int(tree.parent[i]), int(tree.depth[i]), int(tree.rank[i]), int(toks[i])) for i in range(tree.size)]
+        assert view.mask == tree.mask.tolist() and view.nodes[0].conf is None and view.nodes[1].conf == 0.5
+        assert [(n.index, n.trial.order, n.trial.accepted) for n in view.tried()] == \
+            [(t.node, j, t.accepted) for j, t in enumerate(v.trials)]
+        got = [x for n in view.tried() for x in (n.trial.p, n.trial.q, n.trial.accept_prob, n.trial.u)]
+        assert got == pytest.approx([x for t in v.trials for x in (t.p_x, t.q_x, t.accept_prob, t.u)], abs=1e-5)
+        assert [n.index for n in view.nodes if n.on_path] == [0] + v.path
+        assert all(n.trial is None for n in view.nodes if n.index not in {t.node for t in v.trials})
+        for a, b in zip(view.tried(), view.tried()[1:]):
+            if not a.trial.accepted:                  # the next trial is a sibling, tested against the residual
+                rejected += 1
+                assert b.parent == a.parent and a.trial.residual
+                assert not any(x.id == a.token for x in a.trial.residual)
+                r = {x.id: x.prob for x in a.trial.residual}
+                assert r.get(b.token, 0.0) == pytest.approx(b.trial.p, abs=1e-6)
+    assert rejected > 10
+
+
 # ---------------------------------------------------------------- the real model: tree forward, compaction, medusa
 
 import json  # noqa: E402
@@ -310,7 +351,7 @@ def test_untrained_heads_run_and_stay_greedy_exact(bundled_fp32):
     base, _, _ = run(lm, make("none", lm), ids, max_new_tokens=24, detail=False)
     out, recs, _ = run(lm, Medusa(lm, heads=Heads(576, 4), manifest={}), ids, max_new_tokens=24)
     assert out == base
-    assert any(r.info.get("tree") for r in recs)
+    assert any(r.tree for r in recs)
 
 
 def test_medusa_errors(bundled):
@@ -368,13 +409,13 @@ shipped = pytest.mark.skipif(not WEIGHTS.exists(), reason="no shipped Medusa wei
 def _check_records(lm, ids, recs):
     tokens = ids.tolist()
     for r in recs:
-        if r.info.get("tree"):
-            tree = compile_tree([tuple(p) for p in r.info["tree"]])
-            cand, path = r.info["candidates"], r.info["accepted_path"]
+        if r.tree:
+            cand, path = [n.token for n in r.tree.nodes], r.tree.path
             assert cand[0] == tokens[-1]                                 # the root is the pending token
             assert [cand[n] for n in path] == [c.token for c in r.committed][:len(path)]
-            assert all(int(tree.parent[b]) == a for a, b in zip([0] + path, path))
+            assert all(r.tree.nodes[b].parent == a for a, b in zip([0] + path, path))
             assert r.drafted[:r.n_accepted] == [cand[n] for n in path]
+            assert [n.index for n in r.tree.nodes if n.on_path] == [0] + path
         tokens += [c.token for c in r.committed]
         if not r.done:   # the target cache invariant: everything committed except the newest token
             assert r.cache_len == len(tokens) - 1

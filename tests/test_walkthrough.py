@@ -241,6 +241,14 @@ def test_production_page_translates_and_runs_the_checklist():
     for r in res:
         assert f"| {r.spec.tokens} | " in md and f" {round(r.spec.acceptance_rate, 3)} |" in md
     assert "## The same settings in serving engines" in md and "prompt_lookup_max" in md
+    # the header says what ran: greedy, 8 tokens (not the sidebar's temperature 0.7 and 48 tokens)
+    assert s.max_new_tokens == 8 and s.temperature == 0.0 and "up to 8 tokens" in md and "48" not in md.split("\n")[4]
+    assert all(r.timing["repeats"] == 3 for r in res)   # paired repeats, the measuring rule's default
+    said = checklist.verdict(res)
+    assert said in md and "median of 3 back-to-back pairs" in said
+    for r in res:                                      # a prompt hard to draft is named as one to keep it off for
+        if r.spec.acceptance_rate < checklist.LOW_ACCEPTANCE:
+            assert r.prompt[:40] in said and "off for" in said
     page = checklist.report_html(s, res)
     assert "Throughput against the baseline" in page and "Plotly.newPlot" in page  # the plot is embedded
     # and works offline: the plotly.js library is inside the page, no script is fetched from anywhere
@@ -268,3 +276,57 @@ def test_each_docs_link_reads_differently():
     assert engines.link_label("https://docs.vllm.ai/en/v0.9.1/features/spec_decode.html") == \
         "docs.vllm.ai › spec_decode (v0.9.1)"
     assert engines.link_label("https://github.com/ggml-org/llama.cpp/pull/10455") == "github.com › pull 10455"
+
+
+def _said(at) -> str:
+    return "\n".join(x.value for xs in (at.markdown, at.caption, at.warning, at.success) for x in xs)
+
+
+def test_live_timings_and_verdicts_follow_the_measuring_rule(walk):
+    """Section 1 and 6 time passes through the app's forward in repeated pairs, saying how and marking noise;
+    section 5 measures each workload with its own drafter and says per row whether it agrees; section 7's
+    verdict is per prompt and keeps speculation off where acceptance is low."""
+    from specdec_core.bench import passes
+    from specdec_core.bench.workloads import WORKLOADS
+    walk.radio(key="wt_section").set_value("idle").run()
+    walk.button(key="wt_run_idle").click().run()
+    assert not walk.exception and not walk.error, walk.error
+    cost, plain, look, _ = walk.session_state["wt_result_idle"]
+    assert cost["pairs"] == passes.REPS and cost["ratio_min"] <= cost["ratio"] <= cost["ratio_max"]
+    assert f"median of {passes.REPS} back-to-back pairs" in _said(walk)
+    assert ("Noisy: rerun" in _said(walk)) == cost["noisy"] and look.target_forwards < plain.target_forwards
+
+    walk.radio(key="wt_section").set_value("workloads").run()
+    walk.button(key="wt_run_workloads").click().run()
+    assert not walk.exception and not walk.error, walk.error
+    rows = walk.session_state["wt_result_workloads"]
+    assert [r["drafter"] for r in rows] == [w.drafter for w in WORKLOADS.values()]
+    table = walk.table[0].value
+    assert table.loc[WORKLOADS["batch"].label, "Agrees"] == "see section 6"
+    for r in rows:
+        shown = table.loc[r["workload"]]
+        assert shown["Drafter (T)"] == f"{r['drafter']} ({r['temperature']:g})" and r["note"][1:] in shown["Why"]
+        if r["agrees"] is False:                            # a disagreement says why, on its own row
+            assert "below the band" in r["note"] or "above the band" in r["note"] or "proposed nothing" in r["note"]
+
+    walk.radio(key="wt_section").set_value("batching").run()
+    walk.button(key="wt_run_batching").click().run()
+    assert not walk.exception and not walk.error, walk.error
+    rows = walk.session_state["wt_result_batching"]
+    table = walk.dataframe[0].value
+    assert list(table.index) == [1, 4, 8]
+    for r, rng in zip(rows, table["pairs' range"]):
+        assert ("noisy: rerun" in rng) == r["noisy"] and r["ratio_min"] <= r["ratio"] <= r["ratio_max"]
+
+    walk.radio(key="wt_section").set_value("checklist").run()
+    walk.button(key="wt_run_checklist").click().run()
+    assert not walk.exception and not walk.error, walk.error
+    res = walk.session_state["wt_result_checklist"]
+    said = _said(walk)
+    assert "median of 3 back-to-back pairs" in said
+    for r in res:
+        keep, why = r.decision()
+        assert (keep is False) == (r.spec.acceptance_rate < checklist.LOW_ACCEPTANCE or why.endswith("save"))
+        if r.spec.acceptance_rate < checklist.LOW_ACCEPTANCE:
+            assert "off for" in said and r.prompt[:40] in said
+    assert min(r.spec.acceptance_rate for r in res) < checklist.LOW_ACCEPTANCE   # the low one is shown off

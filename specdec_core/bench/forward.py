@@ -15,16 +15,8 @@ import time
 
 import torch
 
+from ..drafters import PLAIN, entry
 from ..models import LM, load
-
-
-def _median_ms(fn, reps: int) -> float:
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3
 
 
 def forward_ms(lms: dict[str, LM], context: list[int], qs=(1, 2, 4, 8, 16), reps: int = 15, warm: int = 2,
@@ -69,12 +61,12 @@ def decode_rates(ours: LM, drafters: dict, prompts: list[torch.Tensor], n: int, 
     from ..engine import run
     rates: dict[str, list[float]] = {}
     same: dict[str, list[bool]] = {}
-    methods = {"ours plain": lambda ids: run(ours, drafters["none"], ids, max_new_tokens=n, stop_at_eos=False,
+    methods = {"ours plain": lambda ids: run(ours, drafters[PLAIN], ids, max_new_tokens=n, stop_at_eos=False,
                                             detail=False)[0],
                "hf generate": lambda ids: _hf_generate(ours, ids, n),
                "hf prompt lookup": lambda ids: _hf_generate(ours, ids, n, lookup=10)}
     for name, d in drafters.items():
-        if name != "none":
+        if entry(name).drafts:
             methods[f"ours {name}"] = (lambda d: lambda ids: run(ours, d, ids, max_new_tokens=n, stop_at_eos=False,
                                                                  detail=False)[0])(d)
     warm = prompts[0][:16]
@@ -110,7 +102,7 @@ def bench_forward(args) -> dict:
     context = (torch.cat(prompts * (1 + args.context // sum(len(p) for p in prompts)))[:args.context]).tolist()
     per = forward_ms({"ours": ours, "hf": hf}, context, reps=args.reps)
     names = args.drafter or ["lookup", "medusa"]
-    drafters = {"none": make("none", ours)} | {d: make(d, ours) for d in names}
+    drafters = {PLAIN: make(PLAIN, ours)} | {d: make(d, ours) for d in names}
     rates = decode_rates(ours, drafters, prompts, args.new_tokens)
     base, gen = rates["ours plain"]["tokens_per_s"], rates["hf generate"]["tokens_per_s"]
     dest = sys.stderr if args.json else sys.stdout

@@ -48,6 +48,8 @@ from pathlib import Path
 import torch
 
 from .. import forward as fw
+from ..drafters import PLAIN, TRAINED
+from .invariance import first_difference
 from ..models import LM, attach_forward
 
 SECTIONS = ("forward_vs_hf", "invariance", "greedy", "timing", "decode_graph", "batch_sweep")
@@ -353,7 +355,7 @@ def greedy_equal(lm: LM, device: str, ps: list[list[int]], n: int, names=("looku
         diffs, acc = [], []
         for p, ref in zip(ps, plain):
             toks, _, met = run(lm, make(name, lm), p, max_new_tokens=n, stop_at_eos=False, detail=False)
-            diffs.append(next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), None if toks == ref else 0))
+            diffs.append(first_difference(toks, ref))
             acc.append(getattr(met, "mean_accepted", None))
         bad = [d for d in diffs if d is not None]
         out.append(Result("greedy", f"{name} == plain ({variant})", device, dname(lm.dtype),
@@ -371,8 +373,6 @@ def greedy_equal(lm: LM, device: str, ps: list[list[int]], n: int, names=("looku
                       {"batch": 4, "new_tokens": n, "variant": variant}))
     return out
 
-
-TRAINED = ("draft", "early-exit", "medusa", "eagle")
 
 
 def greedy_trained(device: str, n: int, enabled: bool) -> list[Result]:
@@ -403,7 +403,7 @@ def greedy_trained(device: str, n: int, enabled: bool) -> list[Result]:
         diffs, acc = [], []
         for p, ref in zip(ids, plain):
             toks, _, met = run(lm, d, p, max_new_tokens=n, stop_at_eos=False, detail=False)
-            diffs.append(None if toks == ref else next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), 0))
+            diffs.append(first_difference(toks, ref))
         bad = [x for x in diffs if x is not None]
         out.append(Result("greedy", f"{name} == plain (bundled model)", device, dname(lm.dtype),
                           "fail" if bad else "pass",
@@ -515,14 +515,14 @@ def batch_sweep(lm: LM, device: str, sizes, n: int) -> Result:
         ps = prompts(vocab, B, seed=100 + B)
         row = {"batch": B}
         toks = {}
-        for name in ("none", "lookup"):
+        for label, name in (("plain", PLAIN), ("lookup", "lookup")):
             res, t = timed(lambda: run_batch(lm, lambda: make(name, lm), ps, max_new_tokens=n, stop_at_eos=False),
                            device)
-            toks[name] = res.tokens
-            row[f"{'plain' if name == 'none' else name}_tokens_per_s"] = B * n / t
-            row[f"{'plain' if name == 'none' else name}_steps"] = len(res.steps)
+            toks[label] = res.tokens
+            row[f"{label}_tokens_per_s"] = B * n / t
+            row[f"{label}_steps"] = len(res.steps)
         row["lookup_vs_plain"] = row["lookup_tokens_per_s"] / row["plain_tokens_per_s"]
-        row["rows_equal"] = toks["lookup"] == toks["none"]
+        row["rows_equal"] = toks["lookup"] == toks["plain"]
         ok &= row["rows_equal"]
         rows.append(row)
     return Result("batch_sweep", "batch sweep plain vs lookup", device, dname(lm.dtype), "pass" if ok else "fail",

@@ -19,7 +19,7 @@ prefill (and a draft model's first pass over the prompt); counts (tokens, alpha)
 from __future__ import annotations
 
 import statistics
-from ..drafters import Drafter, make
+from ..drafters import PLAIN, Drafter, entry, make
 from ..engine import run
 from ..metrics import tested
 from ..models import LM
@@ -33,19 +33,16 @@ WARMUP_TOKENS = 8
 
 
 def scored(r: StepRecord) -> tuple[str, int]:
-    """What the step's one target forward scored: ("tree", nodes with the root) or ("chain", drafts + 1).
-    tree_step.verify leaves the scored ids (root first) in info["candidates"]."""
-    if "candidates" in r.info:
-        return "tree", len(r.info["candidates"])
+    """What the step's one target forward scored: ("tree", nodes with the root) or ("chain", drafts + 1)."""
+    if r.tree is not None:
+        return "tree", len(r.tree.nodes)
     return "chain", r.k + 1
 
 
 def depth(r: StepRecord) -> int:
     """Draft positions the step proposed: a chain's length, a tree's depth (one draft pass per level for the
     autoregressive drafters, the positions Leviathan et al.'s k counts)."""
-    if "tree" in r.info:
-        return max((len(p) for p in r.info["tree"]), default=0)
-    return r.k
+    return r.tree.depth if r.tree is not None else r.k
 
 
 def steady(runs: list[list[StepRecord]]) -> list[tuple[StepRecord, float]]:
@@ -113,10 +110,9 @@ def profile(target: LM, drafters: dict[str, Drafter], prompts: list, sp: Samplin
     if not prompts:
         raise ValueError("profile needs at least one prompt")
     sp = sp or SamplingParams()
-    drafters = {"none": drafters.get("none") or make("none", target)} | {n: d for n, d in drafters.items()
-                                                                           if n != "none"}
-    kw = lambda n: dict(k=None if n == "none" else k, k_policy="fixed" if n == "none" else k_policy,
-                        detail=False)
+    drafters = {PLAIN: drafters.get(PLAIN) or make(PLAIN, target)} | {n: d for n, d in drafters.items()
+                                                                        if entry(n).drafts}
+    kw = lambda n: dict(k=entry(n).k(k), k_policy=entry(n).policy(k_policy), detail=False)
     if warmup:
         for n, d in drafters.items():
             run(target, d, prompts[0], sp=sp, max_new_tokens=WARMUP_TOKENS, **kw(n))
@@ -131,14 +127,14 @@ def profile(target: LM, drafters: dict[str, Drafter], prompts: list, sp: Samplin
                     tick(f"prompt {i + 1}, {n}, repeat {r + 1}")
     flat = lambda n: [x for rep in got[n] for x in rep]
     tps = lambda rep: sum(m.tokens for _, _, m in rep) / sum(m.total_s for _, _, m in rep)
-    base = flat("none")
+    base = flat(PLAIN)
     base_steady = steady([rr for _, rr, _ in base])
     plain_ms = 1e3 * statistics.median(r.t_score for r, _ in base_steady)
     plain_step_ms = phase_ms(base_steady)["step_ms"]
-    base_tps = [tps(rep) for rep in got["none"]]
+    base_tps = [tps(rep) for rep in got[PLAIN]]
     out = []
     for n, d in drafters.items():
-        kk = 0 if n == "none" else (d.default_k if k is None else k)
+        kk = entry(n).k(d.default_k if k is None else k)
         same = all(a[0] == b[0] for a, b in zip(base, flat(n))) if sp.greedy else None
         out.append(row(n, kk, flat(n), plain_ms, plain_step_ms, ratios([tps(rep) for rep in got[n]], base_tps), same))
     return out

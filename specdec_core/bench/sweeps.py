@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from ..batch import run_batch
-from ..drafters import make
+from ..drafters import PLAIN, entry, make
 from ..engine import run
 from ..metrics import per_position, tested, timings
 from ..models import LM
@@ -86,22 +86,23 @@ def side_by_side(tgt: LM, prompts: list[list[int]], sp: SamplingParams, k: int |
                  k_policy: str = "fixed") -> Paired:
     """Each repeat, each prompt: plain decoding and each drafter (name, draft model or None) back to back, in the
     order rounds() gives."""
-    none = make("none", tgt)
+    plain = make(PLAIN, tgt)
     base, spec = [], {n: [] for n, _ in specs}
     repeats = repeats or REPEATS
-    for r, spr, order in rounds(sp, repeats, [("none", None)] + list(specs)):
+    for r, spr, order in rounds(sp, repeats, [(PLAIN, None)] + list(specs)):
         base.append([])
         for n in spec:
             spec[n].append([])
         for i, ids in enumerate(prompts):
             for n, lm in order:
-                dr = none if n == "none" else make(n, tgt, lm)
-                out = run(tgt, dr, ids, sp=spr, k=None if n == "none" else k, max_new_tokens=max_new, detail=False,
-                          k_policy="fixed" if n == "none" else k_policy)
-                (base if n == "none" else spec[n])[r].append(out)
+                e = entry(n)
+                dr = make(n, tgt, lm) if e.drafts else plain
+                out = run(tgt, dr, ids, sp=spr, k=e.k(k), max_new_tokens=max_new, detail=False,
+                          k_policy=e.policy(k_policy))
+                (spec[n] if e.drafts else base)[r].append(out)
                 if tick:
                     again = f", repeat {r + 1}" if repeats > 1 else ""
-                    tick(f"prompt {i + 1}, {'plain' if n == 'none' else n}{again}")
+                    tick(f"prompt {i + 1}, {n if e.drafts else 'plain'}{again}")
     return Paired(base, spec, not sp.greedy and repeats > 1)
 
 
@@ -159,7 +160,7 @@ def batch_point(tgt: LM, rows: list[list[int]], sp: SamplingParams, k: int | Non
     repeated as side_by_side does -> {name: point}."""
     def one(name, lm, spr):
         res = run_batch(tgt, lambda: make(name, tgt, lm), rows, sp=spr, k=k, max_new_tokens=max_new,
-                        k_policy="fixed" if name == "none" else k_policy)
+                        k_policy=entry(name).policy(k_policy))
         tok = sum(len(t) for t in res.tokens)
         sec, first = res.steps[-1].elapsed, res.steps[0].elapsed
         per_row = tok / len(rows)
@@ -170,24 +171,24 @@ def batch_point(tgt: LM, rows: list[list[int]], sp: SamplingParams, k: int | Non
                 "drafted": sum(sum(s.drafted) for s in res.steps), "accepted": sum(sum(s.accepted) for s in res.steps),
                 "row_steps": sum(s.active for s in res.steps), "target_forwards": res.steps[-1].target_forwards,
                 "ids": res.tokens}
-    got = {n: [] for n in ["none"] + [n for n, _ in specs]}
-    for _, spr, order in rounds(sp, repeats, [("none", None)] + list(specs)):
+    got = {n: [] for n in [PLAIN] + [n for n, _ in specs]}
+    for _, spr, order in rounds(sp, repeats, [(PLAIN, None)] + list(specs)):
         for n, lm in order:
             got[n].append(one(n, lm, spr))
     out = {}
-    b = got["none"][0]
+    b = got[PLAIN][0]
     for n, _ in specs:
         s = got[n][0]
-        timing = ratios([x["tokens_per_s"] for x in got[n]], [x["tokens_per_s"] for x in got["none"]])
+        timing = ratios([x["tokens_per_s"] for x in got[n]], [x["tokens_per_s"] for x in got[PLAIN]])
         out[n] = compare(s, b, s["row_steps"], sum(x == y for x, y in zip(b["ids"], s["ids"])), len(rows), timing)
     return out
 
 
 def sweep_temperature(target: LM, drafter: str, prompts: list, temperatures: Iterable[float], k: int | None = None,
                       max_new_tokens: int = 64, seed: int = 0, top_p: float = 1.0, draft_lm=None,
-                      tick: Tick = None, repeats: int | None = None, draft: str = "sample") -> Iterator[dict]:
+                      tick: Tick = None, repeats: int | None = None, draft_mode: str = "sample") -> Iterator[dict]:
     for t in temperatures:
-        sp = SamplingParams(float(t), 0, top_p, seed, draft)
+        sp = SamplingParams(float(t), 0, top_p, seed, draft_mode)
         pair = side_by_side(target, prompts, sp, k, max_new_tokens, [(drafter, draft_lm)], at(tick, f"T = {t:g}"),
                             repeats)
         yield {"temperature": float(t), "drafter": drafter, **point(pair, drafter)}
@@ -195,8 +196,8 @@ def sweep_temperature(target: LM, drafter: str, prompts: list, temperatures: Ite
 
 def sweep_k(target: LM, drafter: str, prompts: list, ks: Iterable[int], temperature: float = 0.0,
             max_new_tokens: int = 64, seed: int = 0, top_p: float = 1.0, draft_lm=None,
-            tick: Tick = None, repeats: int | None = None, draft: str = "sample") -> Iterator[dict]:
-    sp = SamplingParams(temperature, 0, top_p, seed, draft)
+            tick: Tick = None, repeats: int | None = None, draft_mode: str = "sample") -> Iterator[dict]:
+    sp = SamplingParams(temperature, 0, top_p, seed, draft_mode)
     for k in ks:
         pair = side_by_side(target, prompts, sp, int(k), max_new_tokens, [(drafter, draft_lm)], at(tick, f"k = {k}"),
                             repeats)
@@ -205,9 +206,9 @@ def sweep_k(target: LM, drafter: str, prompts: list, ks: Iterable[int], temperat
 
 def sweep_policy(target: LM, drafter: str, prompts: list, policies: Iterable[str], k: int, temperature: float = 0.0,
                  max_new_tokens: int = 64, seed: int = 0, top_p: float = 1.0, draft_lm=None, tick: Tick = None,
-                 repeats: int | None = None, draft: str = "sample") -> Iterator[dict]:
+                 repeats: int | None = None, draft_mode: str = "sample") -> Iterator[dict]:
     """One point per draft-length policy (policy.py), k being the schedule's start and the confidence bound."""
-    sp = SamplingParams(temperature, 0, top_p, seed, draft)
+    sp = SamplingParams(temperature, 0, top_p, seed, draft_mode)
     for pol in policies:
         pair = side_by_side(target, prompts, sp, int(k), max_new_tokens, [(drafter, draft_lm)], at(tick, pol),
                             repeats, k_policy=pol)
@@ -217,9 +218,9 @@ def sweep_policy(target: LM, drafter: str, prompts: list, policies: Iterable[str
 def sweep_batch(target: LM, drafter: str, prompts: list, batch_sizes: Iterable[int], k: int | None = None,
                 temperature: float = 0.0, max_new_tokens: int = 32, seed: int = 0, top_p: float = 1.0,
                 draft_lm=None, tick: Tick = None, repeats: int | None = None,
-                draft: str = "sample", k_policy: str = "fixed") -> Iterator[dict]:
+                draft_mode: str = "sample", k_policy: str = "fixed") -> Iterator[dict]:
     """Throughput of one batch of B rows (prompts cycled), baseline and drafter, each through decode_batch."""
-    sp = SamplingParams(temperature, 0, top_p, seed, draft)
+    sp = SamplingParams(temperature, 0, top_p, seed, draft_mode)
     for b in batch_sizes:
         rows = [prompts[i % len(prompts)] for i in range(int(b))]
         pt = batch_point(target, rows, sp, k, max_new_tokens, [(drafter, draft_lm)], tick, repeats, k_policy)
@@ -258,13 +259,13 @@ def per_prompt(target: LM, drafters: dict, prompts: list, sp: SamplingParams, k:
             for name in order:
                 if name in drafters:
                     toks, recs, m = run(target, drafters[name], ids, sp=sp, k=k, max_new_tokens=max_new, detail=False,
-                                        k_policy=k_policy if name != "none" else "fixed")
+                                        k_policy=entry(name).policy(k_policy))
                     got[name].append((toks, recs, m, m.tokens_per_s))
                 else:
                     n, el, toks = hf_generate(target, ids, max_new, name == "hf-prompt-lookup")
                     got[name].append((toks, None, {"tokens": n, "total_s": el}, n / el))
-        base_tps = [x[3] for x in got["none"]]
-        base_toks = got["none"][0][0]
+        base_tps = [x[3] for x in got[PLAIN]]
+        base_toks = got[PLAIN][0][0]
         for name, rs in got.items():
             toks, recs, m, _ = rs[0]
             row = m.to_dict() if recs is not None else dict(m)

@@ -14,6 +14,9 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ..sampling import SamplingParams
+from .registry import (BUNDLED, DESCRIPTIONS, DISTILLED, MODEL_DRAFTS, NAMES, PLAIN, SHIPPED, SPECULATIVE, TRAINED,
+                       DrafterUnavailable, Entry, entry, load_weights, manifest, resolve_draft, runs_on, trained_for,
+                       target_record, untrained, weights_for)
 
 
 @dataclass
@@ -33,6 +36,8 @@ class Proposal:
     forwards: int = 0                        # draft-model forward passes spent
     info: dict = field(default_factory=dict)  # drafter-specific extras for the animation
     tree: object = None                      # a tree.Tree: tokens are its nodes after the root (tree_step.py)
+    conf: list[float] | None = None          # [m] a tree's nodes: the drafter's own probability of each token
+                                             # given its parent, for display (candidates verify as one-hot)
 
     @classmethod
     def empty(cls, **info) -> "Proposal":
@@ -55,7 +60,7 @@ class Drafter(Protocol):
                              roll back lazily against the next ctx, as draft_model.py does)
     """
     name: str = "drafter"
-    default_k: int = 4
+    default_k: int = 4        # registry.Entry.default_k for the registered drafters
     reads_hidden: bool = False
 
     def begin(self, prompt: list[int]) -> None:
@@ -71,54 +76,55 @@ class Drafter(Protocol):
         pass
 
 
-NAMES = ("none", "lookup", "suffix", "draft", "early-exit", "medusa", "eagle")
-DESCRIPTIONS = {
-    "none": "plain decoding: one target forward per token (the baseline)",
-    "lookup": "prompt lookup: copy the continuation of the latest n-gram match in the context",
-    "suffix": "suffix decoding: a tree of the most frequent continuations seen before in this session",
-    "draft": "a separate, smaller draft model with the same vocabulary",
-    "early-exit": "self-speculation: the target's first layers plus a trained exit draft",
-    "medusa": "extra heads on the target propose a tree of candidates, verified in one pass",
-    "eagle": "a one-layer head drafts the target's next hidden states; a tree shaped by its confidence",
-}
-
-
-class DrafterUnavailable(ValueError):
-    """The named drafter cannot run with what was given."""
-
-
 def make(name: str, target, draft_lm=None, **kw) -> Drafter:
-    """Build a drafter by name for `target` (an LM). `draft_lm` is the draft model for `draft`."""
-    from .lookup import PromptLookup
-    from .none import NoDraft
+    """Build a drafter by name for `target` (an LM). `draft_lm` is the draft model for `draft` (registry.draft_model
+    resolves a spec to one); without it, `draft` runs the draft trained for this target, if one ships."""
+    e = entry(name)
+    if e.draft_model and draft_lm is None and not weights_for(name, target):
+        raise DrafterUnavailable(f"drafter {name!r} needs a draft model: pass --draft-model SPEC "
+                                 "(a hub id or local directory with the target's vocabulary); "
+                                 "no trained draft ships for this target yet")
+    return _BUILD[name](target, draft_lm, **kw)
+
+
+def _draft(target, draft_lm, **kw):
     from .draft_model import DraftModel
-    if name == "none":
-        return NoDraft()
-    if name == "lookup":
-        return PromptLookup(**kw)
-    if name == "suffix":
-        from .suffix import Suffix
-        return Suffix(**kw)
-    if name == "draft":
-        if draft_lm is None:
-            from .distilled import available, shipped_draft
-            if available(target):  # the bundled target ships its own distilled draft
-                return DraftModel(shipped_draft(target), target)
-            raise DrafterUnavailable("drafter 'draft' needs a draft model: pass --draft-model SPEC "
-                                     "(a hub id or local directory with the target's vocabulary); "
-                                     "no trained draft ships for this target yet")
-        return DraftModel(draft_lm, target)
-    if name == "medusa":
-        from .medusa import Medusa
-        return Medusa(target, **kw)
-    if name == "eagle":
-        from .eagle import Eagle
-        return Eagle(target, **kw)
-    if name == "early-exit":
-        from .early_exit import EarlyExit, load_exit, WEIGHTS as EE_WEIGHTS
-        from ..models import BUNDLED_NAME
-        if target.name != BUNDLED_NAME or not (EE_WEIGHTS / "early-exit.safetensors").exists():
-            raise DrafterUnavailable("drafter 'early-exit' has trained weights only for the bundled target; "
-                                     "run `python -m specdec_core train early-exit` to produce them")
-        return EarlyExit(target, load_exit(target.model), **kw)
-    raise DrafterUnavailable(f"unknown drafter {name!r}; choose one of: {', '.join(NAMES)}")
+    if draft_lm is None:
+        from .distilled import shipped_draft
+        draft_lm = shipped_draft(target)
+    return DraftModel(draft_lm, target)
+
+
+def _none(target, draft_lm, **kw):
+    from .none import NoDraft
+    return NoDraft()
+
+
+def _lookup(target, draft_lm, **kw):
+    from .lookup import PromptLookup
+    return PromptLookup(**kw)
+
+
+def _suffix(target, draft_lm, **kw):
+    from .suffix import Suffix
+    return Suffix(**kw)
+
+
+def _early_exit(target, draft_lm, **kw):
+    from .early_exit import EarlyExit
+    return EarlyExit(target, **kw)
+
+
+def _medusa(target, draft_lm, **kw):
+    from .medusa import Medusa
+    return Medusa(target, **kw)
+
+
+def _eagle(target, draft_lm, **kw):
+    from .eagle import Eagle
+    return Eagle(target, **kw)
+
+
+_BUILD = {"none": _none, "lookup": _lookup, "suffix": _suffix, "draft": _draft, "early-exit": _early_exit,
+          "medusa": _medusa, "eagle": _eagle}
+assert tuple(_BUILD) == NAMES, "every registry entry has a builder"

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..models import BUNDLED_NAME, LM, ModelError, attach_forward
+from ..models import LM, ModelError, attach_forward
+from .registry import DrafterUnavailable, load_weights
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
@@ -82,11 +83,6 @@ def save(m, folder: Path, vocab: DraftVocab | None, meta: dict) -> Path:
     return path
 
 
-def available(target: LM, folder: Path | None = None) -> bool:
-    folder = Path(folder or WEIGHTS)
-    return target.name == BUNDLED_NAME and (folder / "draft.safetensors").exists()
-
-
 _LOADED: dict[tuple[int, str], tuple] = {}
 
 
@@ -102,13 +98,13 @@ def shipped_draft(target: LM) -> LM:
 
 def load_draft(target: LM, folder: Path | None = None) -> LM:
     """The shipped draft as an LM on the target's device and dtype, embedding filled from the target's."""
-    from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
     folder = Path(folder or WEIGHTS)
     path, cfg_path = folder / "draft.safetensors", folder / "draft.config.json"
-    if not path.exists() or not cfg_path.exists():
-        raise FileNotFoundError(f"the shipped draft ({path.name}, {cfg_path.name}) is missing: run "
-                                "`python -m specdec_core train draft` to produce it")
+    if not cfg_path.exists():
+        raise DrafterUnavailable(f"no trained draft config at {cfg_path.name}: run "
+                                 "`python -m specdec_core train draft` to produce it")
+    sd, _, _ = load_weights(path, "draft")
     cfg = LlamaConfig.from_dict(json.loads(cfg_path.read_text()))
     emb = target.model.get_input_embeddings().weight
     if tuple(emb.shape) != (cfg.vocab_size, cfg.hidden_size):
@@ -116,7 +112,6 @@ def load_draft(target: LM, folder: Path | None = None) -> LM:
                          f"{target.name} has {tuple(emb.shape)}")
     with torch.device("meta"):
         m = LlamaForCausalLM(cfg)
-    sd = load_file(str(path))
     ids = sd.pop("draft_vocab", None)
     sd = {k: v.to(target.dtype) for k, v in sd.items()}
     sd[EMBED] = emb.detach().to(target.dtype)

@@ -1,7 +1,7 @@
 """A separate draft model with its own KV cache (Leviathan et al. 2023; Chen et al. 2023).
 
 The draft samples k tokens autoregressively from q (the same temperature/top-k/top-p as the target), or, with
-`SamplingParams.draft == "greedy"`, takes q's argmax and reports the one-hot q it was drawn from, as serving engines
+`SamplingParams.draft_mode == "greedy"`, takes q's argmax and reports the one-hot q it was drawn from, as serving engines
 do by default; either way the exact rule of verify.py applies to the q actually used.
 Its cache is kept in step with the committed text by longest common prefix: after a rejection the
 rejected suffix is cropped away; after a full acceptance the last drafted token, which the draft sampled
@@ -14,7 +14,7 @@ import torch
 from ..models import LM, check_compatible
 from ..sampling import probs, sample
 from ..verify import one_hot
-from . import DraftContext, Drafter, Proposal
+from . import DraftContext, Drafter, Proposal, entry
 
 
 class CachedDraft(Drafter):
@@ -60,7 +60,7 @@ class CachedDraft(Drafter):
     def propose(self, ctx: DraftContext) -> Proposal:
         logits = self.sync(ctx.tokens)
         out, qs = [], []
-        greedy = ctx.sp.greedy or ctx.sp.draft == "greedy"
+        greedy = ctx.sp.greedy or ctx.sp.draft_mode == "greedy"
         for i in range(ctx.k):
             q = probs(logits, ctx.sp)                                # [V]
             # unsure (its own softmax, since at T = 0 q is one-hot): stop drafting here (policy.py)
@@ -85,7 +85,7 @@ class CachedDraft(Drafter):
 class DraftModel(CachedDraft):
     """A separate model as the draft."""
     name = "draft"
-    default_k = 4
+    default_k = entry(name).default_k
 
     def __init__(self, lm: LM, target: LM | None = None):
         super().__init__()

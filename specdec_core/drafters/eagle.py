@@ -29,7 +29,6 @@ builds each level's attention masks and frontier with a few tensor ops, Python o
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -38,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tree import compile_tree
-from . import DraftContext, Drafter, DrafterUnavailable, Proposal
+from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
+               weights_for)
 from .eagle_packed import PackedHead
 from .vocab import DraftVocab
 
@@ -129,14 +129,7 @@ def head_weight(head: Head, lm_head: nn.Module) -> torch.Tensor:
 
 def load_head(model, path: Path = WEIGHTS) -> tuple[Head, dict]:
     """The shipped head (for `model`'s shapes) and its manifest."""
-    from safetensors import safe_open
-    if not path.exists():
-        raise DrafterUnavailable(f"no EAGLE head at {path.name}: train it with `python -m specdec_core train eagle`")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        sd = {k: f.get_tensor(k) for k in f.keys()}
-    man = path.with_name(path.stem + ".manifest.json")
-    manifest = json.loads(man.read_text()) if man.exists() else {}
+    sd, meta, manifest = load_weights(path, "eagle")
     ids = sd.pop("draft_vocab", None)
     head = Head.for_target(model, DraftVocab(ids, int(meta["vocab_size"])) if ids is not None else None)
     head.load_state_dict({k: v.float() for k, v in sd.items()})
@@ -145,22 +138,20 @@ def load_head(model, path: Path = WEIGHTS) -> tuple[Head, dict]:
 
 class Eagle(Drafter):
     name = "eagle"
-    reads_hidden = True   # the engine hands over the target's hidden state (observe)
+    reads_hidden = entry(name).reads_hidden   # the engine hands over the target's hidden state (observe)
 
     def __init__(self, target, head: Head | None = None, manifest: dict | None = None, depth: int | None = None,
                  topk: int | None = None, nodes: int | None = None):
-        from ..models import BUNDLED_NAME
         if head is None:
-            if target.name != BUNDLED_NAME:
-                raise DrafterUnavailable(f"drafter 'eagle' has a trained head only for the bundled target, not "
-                                         f"{target.name!r}: train one with `python -m specdec_core train eagle`")
+            if not weights_for(self.name, target):
+                raise untrained(self.name, target)
             head, manifest = load_head(target.model)
         manifest = manifest or {}
         if head.fc.out_features != int(target.model.config.hidden_size):
             raise DrafterUnavailable(f"the EAGLE head was trained for hidden size {head.fc.out_features}, "
                                      f"this target has {target.model.config.hidden_size}")
         want = manifest.get("target")
-        if want and want != target.name:
+        if want and not trained_for(manifest, target):
             raise DrafterUnavailable(f"the EAGLE head was trained for {want!r}, not {target.name!r}")
         tree = manifest.get("tree", {})
         self.depth = int(depth or tree.get("depth", 5))
@@ -237,7 +228,11 @@ class Eagle(Drafter):
             if len(self._trees) >= 4096:
                 self._trees.clear()
             tree = self._trees[key] = compile_tree(key)
-        by_path = {path[i]: tok[i] for i in keep}
-        nodes = torch.tensor([by_path[p] for p in tree.paths], dtype=torch.long)
-        return Proposal(nodes, tree=tree, info={"nodes": len(keep), "depth": tree.max_depth,
-                                                "draft_p": round(math.exp(max(score[i] for i in keep)), 4)})
+        by_path = {path[i]: i for i in keep}
+        nodes = torch.tensor([tok[by_path[p]] for p in tree.paths], dtype=torch.long)
+        # the head's probability of each node's token given its parent: its cumulative one over the parent's
+        conf = [math.exp(score[i] - (score[parent[i]] if parent[i] >= 0 else 0.0))
+                for i in (by_path[p] for p in tree.paths)]
+        return Proposal(nodes, tree=tree, conf=conf,
+                        info={"nodes": len(keep), "depth": tree.max_depth,
+                              "draft_p": round(math.exp(max(score[i] for i in keep)), 4)})

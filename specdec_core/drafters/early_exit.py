@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..models import LM, ModelError
+from . import entry, load_weights, untrained, weights_for
 from .draft_model import CachedDraft
 from .vocab import DraftVocab
 
@@ -83,14 +84,8 @@ def save(ex: Exit, path: Path, meta: dict) -> None:
 
 
 def load_exit(target_model: nn.Module, path: Path | None = None) -> Exit:
-    from safetensors import safe_open
     path = Path(path or WEIGHTS / "early-exit.safetensors")
-    if not path.exists():
-        raise FileNotFoundError(f"early-exit weights {path.name} are missing: run "
-                                "`python -m specdec_core train early-exit` to produce them")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-        sd = {k: f.get_tensor(k) for k in f.keys()}
+    sd, meta, _ = load_weights(path, "early-exit")
     ids = sd.pop("draft_vocab", None)
     vocab = DraftVocab(ids, target_model.config.vocab_size) if ids is not None else None
     ex = Exit(target_model, int(meta["layers"]), vocab)
@@ -103,16 +98,18 @@ def load_exit(target_model: nn.Module, path: Path | None = None) -> Exit:
 
 
 def manifest(path: Path | None = None) -> dict:
-    path = Path(path or WEIGHTS / "early-exit.manifest.json")
-    return json.loads(path.read_text())
+    return json.loads(Path(path or WEIGHTS / "early-exit.manifest.json").read_text())
 
 
 class EarlyExit(CachedDraft):
     name = "early-exit"
-    default_k = 3
+    default_k = entry(name).default_k
 
     def __init__(self, target: LM, ex: Exit | None = None, default_k: int | None = None):
-        ex = ex if ex is not None else load_exit(target.model)
+        if ex is None:
+            if not weights_for(self.name, target):
+                raise untrained(self.name, target)
+            ex = load_exit(target.model)
         if ex.norm.weight.shape[0] != target.model.config.hidden_size:
             raise ModelError(f"early-exit weights are for hidden size {ex.norm.weight.shape[0]}, "
                              f"but {target.name} has {target.model.config.hidden_size}")

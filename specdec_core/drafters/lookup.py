@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from . import DraftContext, Drafter, Proposal
+from . import DraftContext, Drafter, Proposal, entry
 
 
 class PromptLookup(Drafter):
     name = "lookup"
-    default_k = 10
+    default_k = entry(name).default_k
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

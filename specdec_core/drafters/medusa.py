@@ -18,7 +18,6 @@ target forward here.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -27,7 +26,8 @@ from torch import nn
 
 from ..forward import Dense
 from ..tree import Tree, compile_tree
-from . import DraftContext, Drafter, DrafterUnavailable, Proposal
+from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
+               weights_for)
 from .packed import mm
 from .vocab import DraftVocab
 
@@ -85,25 +85,20 @@ class PackedHeads:
         self.lm = Dense(w.detach().to(dtype).contiguous())                                            # [v, H]
         self.ids = heads.vocab.ids.to(w.device) if heads.vocab is not None else None
 
-    def __call__(self, h: torch.Tensor, k: int) -> torch.Tensor:
-        """h [H] -> [n, k] target ids: each head's k best tokens, best first."""
+    def __call__(self, h: torch.Tensor, k: int, probs: bool = False):
+        """h [H] -> [n, k] target ids: each head's k best tokens, best first; with `probs` also [n, k] each
+        head's probability of them (softmax over the tokens it ranks)."""
         y = mm(self.blocks, h.to(self.dtype)[None]).view(self.n, self.H)                            # [n, H]
         x = h.float() + F.silu(self.b + y)                                                          # [n, H] fp32
-        top = torch.topk(mm(self.lm, x.to(self.dtype)).float(), k, dim=-1).indices                   # [n, k]
-        return self.ids[top] if self.ids is not None else top
+        logits = mm(self.lm, x.to(self.dtype)).float()                                              # [n, v]
+        val, top = torch.topk(logits, k, dim=-1)                                                    # [n, k]
+        ids = self.ids[top] if self.ids is not None else top
+        return (ids, (val - torch.logsumexp(logits, -1, keepdim=True)).exp()) if probs else ids
 
 
 def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
     """The shipped heads and their manifest."""
-    from safetensors import safe_open
-    if not path.exists():
-        raise DrafterUnavailable(f"no Medusa heads at {path.name}: train them with "
-                                 "`python -m specdec_core train medusa`")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        sd = {k: f.get_tensor(k) for k in f.keys()}
-    man_path = path.with_name(path.stem + ".manifest.json")
-    manifest = json.loads(man_path.read_text()) if man_path.exists() else {}
+    sd, meta, manifest = load_weights(path, "medusa")
     ids = sd.pop("draft_vocab", None)
     w = sd["w"]
     heads = Heads(w.shape[-1], w.shape[0], DraftVocab(ids, int(meta["vocab_size"])) if ids is not None else None)
@@ -113,10 +108,12 @@ def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
 
 class Medusa(Drafter):
     name = "medusa"
-    reads_hidden = True   # the engine hands over the target's hidden state (observe)
+    reads_hidden = entry(name).reads_hidden   # the engine hands over the target's hidden state (observe)
 
     def __init__(self, target, heads: Heads | None = None, tree=None, manifest: dict | None = None):
         if heads is None:
+            if not weights_for(self.name, target):
+                raise untrained(self.name, target)
             heads, manifest = load_heads()
         manifest = manifest or {}
         hidden = int(target.model.config.hidden_size)
@@ -124,7 +121,7 @@ class Medusa(Drafter):
             raise DrafterUnavailable(f"the Medusa heads were trained for hidden size {heads.w.shape[-1]}, "
                                      f"this target has {hidden}: train heads for it")
         want = manifest.get("target")
-        if want and want != target.name:
+        if want and not trained_for(manifest, target):
             raise DrafterUnavailable(f"the Medusa heads were trained for {want!r}, not {target.name!r}")
         paths = tree if tree is not None else [tuple(p) for p in manifest.get("tree", DEFAULT_TREE)]
         self.tree: Tree = paths if isinstance(paths, Tree) else compile_tree(paths)
@@ -156,6 +153,9 @@ class Medusa(Drafter):
             self._cut[ctx.k] = self.tree.pruned(ctx.k)
         tree = self._cut[ctx.k] if ctx.k < self.tree.max_depth else self.tree
         with torch.inference_mode():
-            top = self.fast(self.h, max(tree.width))[:tree.max_depth].cpu()                             # [D, W]
+            top, pr = self.fast(self.h, max(tree.width), probs=True)                                   # [n, W]
+        top, pr = top[:tree.max_depth].cpu(), pr[:tree.max_depth].cpu()                                 # [D, W]
         nodes = tree.tokens(ctx.tokens[-1], top)
-        return Proposal(nodes[1:], tree=tree, info={"heads": tree.max_depth})
+        d, r = tree.depth[1:] - 1, tree.rank[1:]
+        # head d-1's probability of each node's token (heads read only h: the same whatever the parent)
+        return Proposal(nodes[1:], tree=tree, conf=pr[d, r].tolist(), info={"heads": tree.max_depth})

@@ -20,7 +20,7 @@ import math
 import torch
 
 from ..tree import compile_tree
-from . import DraftContext, Drafter, Proposal
+from . import DraftContext, Drafter, Proposal, entry
 
 MAX_OCC = 256   # occurrences merged per step: a frequent short suffix would otherwise cost a long scan
 
@@ -81,7 +81,7 @@ class SuffixIndex:
 
 class Suffix(Drafter):
     name = "suffix"
-    default_k = 8     # the deepest branch; the tree's size adapts to the match
+    default_k = entry(name).default_k   # the deepest branch; the tree's size adapts to the match
 
     def __init__(self, index: SuffixIndex | None = None, factor: float = 2.0, max_nodes: int = 24,
                  min_prob: float = 0.1):
@@ -106,18 +106,24 @@ class Suffix(Drafter):
         if not n:
             return Proposal.empty(match=0)
         budget = min(self.max_nodes, max(1, math.ceil(self.factor * n)))
-        paths, toks = grow(conts, budget, self.min_prob)
+        share: dict = {}
+        paths, toks = grow(conts, budget, self.min_prob, share)
         if not paths:
             return Proposal.empty(match=n)
         tree = compile_tree(paths)
         nodes = torch.tensor([toks[p] for p in tree.paths], dtype=torch.long)
-        return Proposal(nodes, tree=tree, info={"match": n, "occurrences": len(conts), "nodes": len(paths)})
+        # how often the token followed its branch: a node's share over its parent's
+        conf = [share[p] / (share[p[:-1]] if len(p) > 1 else 1.0) for p in tree.paths]
+        return Proposal(nodes, tree=tree, conf=conf,
+                        info={"match": n, "occurrences": len(conts), "nodes": len(paths)})
 
 
-def grow(conts: list[list[int]], budget: int, min_prob: float) -> tuple[list[tuple[int, ...]], dict]:
+def grow(conts: list[list[int]], budget: int, min_prob: float,
+         share: dict | None = None) -> tuple[list[tuple[int, ...]], dict]:
     """Merge continuations into a trie and keep the `budget` most likely nodes (count / len(conts)), each at
     least `min_prob`. A child is never likelier than its parent, so taking the best of the frontier keeps the
-    chosen set prefix-closed. -> (rank paths, token of each path); ranks order siblings by count."""
+    chosen set prefix-closed. -> (rank paths, token of each path); ranks order siblings by count. `share`,
+    if given, receives each chosen path's count / len(conts)."""
     trie: dict[tuple[int, ...], int] = {}
     for c in conts:
         for j in range(1, len(c) + 1):
@@ -139,6 +145,8 @@ def grow(conts: list[list[int]], budget: int, min_prob: float) -> tuple[list[tup
         path = tuple(rank[key[:j]] for j in range(1, len(key) + 1))
         paths.append(path)
         toks[path] = key[-1]
+        if share is not None:
+            share[path] = -negp
         for child in kids.get(key, []):
             heapq.heappush(frontier, (-trie[child] / total, child))
     return paths, toks

@@ -5,17 +5,27 @@ Greedy decoding makes the two outputs comparable token by token: the exactness t
 2023, Thm. 1) says they are the same sequence, so any difference is the implementation: under transformers'
 forward, a near-tie in bf16 that a many-token and a one-token pass round differently; our own forward scores
 a position the same in both.
+
+Speed is measured by the project's rule (bench.sweeps): after a warm-up, each prompt's plain and speculative runs
+go back to back, repeated with the order alternating, and the speedup is the median pair's with the pairs' spread.
+The verdict is per prompt: speculation is kept off where acceptance is low (the text is hard to draft, whatever
+one timing says) or the paired speedup is below 1, and a prompt whose pairs spread too widely says "noisy: rerun".
 """
 from __future__ import annotations
 
 import datetime as dt
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import plotly.graph_objects as go
 
 from specdec_core import SamplingParams, drafters, engine
+from specdec_core.bench.invariance import difference, first_difference
+from specdec_core.bench.sweeps import ratios, rounds
+
+LOW_ACCEPTANCE = 0.25   # below this a draft of 4 commits under 1.33 tokens a step (Leviathan et al. eq. 1): off
+WARMUP_TOKENS = 4       # a short untimed run of each side first: the first call of a shape pays one-off setup
 
 
 @dataclass
@@ -23,64 +33,121 @@ class PromptResult:
     prompt: str
     base_ids: list[int]
     spec_ids: list[int]
-    base: object               # RunMetrics
-    spec: object               # RunMetrics
+    base: object               # RunMetrics of the median pair's plain run
+    spec: object               # RunMetrics of the median pair's speculative run
+    timing: dict = field(default_factory=dict)   # sweeps.ratios over the pairs: speedup, its min-max, noisy
 
     @property
     def first_diff(self) -> int | None:
-        """Index of the first differing token, None when the sequences are identical."""
-        for i, (a, b) in enumerate(zip(self.base_ids, self.spec_ids)):
-            if a != b:
-                return i
-        return None if len(self.base_ids) == len(self.spec_ids) else min(len(self.base_ids), len(self.spec_ids))
+        """Index of the first differing token (bench.invariance.first_difference), None when identical."""
+        return first_difference(self.base_ids, self.spec_ids)
+
+    @property
+    def speedup(self) -> float:
+        return self.timing.get("speedup", 0.0)
+
+    def decision(self) -> tuple[bool | None, str]:
+        """(keep, why) for this prompt: False where acceptance is low or the paired speedup is below 1, None
+        where the pairs spread too widely to tell, True where both earn it."""
+        acc = self.spec.acceptance_rate
+        if acc < LOW_ACCEPTANCE:
+            return False, f"acceptance {acc:.0%}: hard to draft"
+        if self.timing.get("noisy"):
+            return None, (f"speedup {self.speedup:.2f}x but its pairs ran from {self.timing['speedup_min']:.2f}x "
+                          f"to {self.timing['speedup_max']:.2f}x: noisy: rerun")
+        if self.speedup < 1.0:
+            return False, f"acceptance {acc:.0%} but {self.speedup:.2f}x: the drafts cost more than they save"
+        return True, f"acceptance {acc:.0%}, {self.speedup:.2f}x"
 
 
-def run(target, make_drafter, prompts: list[str], k: int, max_new_tokens: int, on_step=None) -> list[PromptResult]:
-    """Greedy, plain then speculative, on each prompt; `on_step(i, n)` reports progress."""
+def run(target, make_drafter, prompts: list[str], k: int, max_new_tokens: int, on_step=None,
+        repeats: int | None = None) -> list[PromptResult]:
+    """Greedy, plain and speculative back to back on each prompt, `repeats` times with the order alternating
+    (sweeps.rounds), after an untimed warm-up; `on_step(i, n)` reports progress per prompt."""
     if not prompts:
         raise ValueError("the checklist needs at least one prompt")
     sp = SamplingParams(temperature=0.0)
+    none = drafters.make(drafters.PLAIN, target)
+    ids = [target.encode(text).tolist() for text in prompts]
+    engine.run(target, none, ids[0], sp=sp, k=0, max_new_tokens=WARMUP_TOKENS, detail=False)
+    engine.run(target, make_drafter(), ids[0], sp=sp, k=k, max_new_tokens=WARMUP_TOKENS, detail=False)
     out = []
-    for i, text in enumerate(prompts):
-        ids = target.encode(text).tolist()
-        b_ids, _, b = engine.run(target, drafters.make("none", target), ids, sp=sp, k=0, max_new_tokens=max_new_tokens)
-        s_ids, _, s = engine.run(target, make_drafter(), ids, sp=sp, k=k, max_new_tokens=max_new_tokens)
-        out.append(PromptResult(text, b_ids, s_ids, b, s))
+    for i, (text, p) in enumerate(zip(prompts, ids)):
+        got = {"plain": [], "spec": []}
+        for _, _, order in rounds(sp, repeats, ["plain", "spec"]):
+            for side in order:
+                d, kk = (none, 0) if side == "plain" else (make_drafter(), k)
+                got[side].append(engine.run(target, d, p, sp=sp, k=kk, max_new_tokens=max_new_tokens, detail=False))
+        timing = ratios([m.tokens_per_s for _, _, m in got["spec"]], [m.tokens_per_s for _, _, m in got["plain"]])
+        j = next((j for j, ((_, _, b), (_, _, s)) in enumerate(zip(got["plain"], got["spec"]))
+                  if s.tokens_per_s == timing["tokens_per_s"] and b.tokens_per_s == timing["baseline_tokens_per_s"]),
+                 0)   # the median pair
+        out.append(PromptResult(text, got["plain"][0][0], got["spec"][0][0], got["plain"][j][2], got["spec"][j][2],
+                                timing))
         if on_step:
             on_step(i + 1, len(prompts))
     return out
 
 
-def table(results: list[PromptResult]) -> pd.DataFrame:
+def table(results: list[PromptResult], by_prompt: bool = False) -> pd.DataFrame:
+    """One row per prompt; `by_prompt`: one column per prompt instead, as text (narrow enough for a page)."""
     rows = []
     for n, r in enumerate(results, 1):
-        d = r.first_diff
-        rows.append({"prompt": n, "tokens": r.spec.tokens,
-                     "greedy tokens": "identical" if d is None else f"differ from token {d + 1}",
+        t = r.timing
+        keep, _ = r.decision()
+        rows.append({"prompt": f"prompt {n}", "tokens": r.spec.tokens,
+                     "greedy tokens": difference(r.base_ids, r.spec_ids),
                      "acceptance rate": round(r.spec.acceptance_rate, 3),
-                     "mean acceptance length": round(r.spec.mean_acceptance_length, 2),
-                     "TTFT ms (base / spec)": f"{r.base.ttft_s * 1e3:.0f} / {r.spec.ttft_s * 1e3:.0f}",
-                     "TPOT ms (base / spec)": f"{r.base.tpot_s * 1e3:.1f} / {r.spec.tpot_s * 1e3:.1f}",
-                     "tokens/s (base / spec)": f"{r.base.tokens_per_s:.1f} / {r.spec.tokens_per_s:.1f}",
-                     "speedup": round(r.spec.tokens_per_s / r.base.tokens_per_s, 2) if r.base.tokens_per_s else 0.0})
-    return pd.DataFrame(rows).set_index("prompt")
+                     "tokens per step": round(r.spec.mean_acceptance_length, 2),
+                     "TTFT ms (plain / spec)": f"{r.base.ttft_s * 1e3:.0f} / {r.spec.ttft_s * 1e3:.0f}",
+                     "TPOT ms (plain / spec)": f"{r.base.tpot_s * 1e3:.1f} / {r.spec.tpot_s * 1e3:.1f}",
+                     "tokens/s (plain / spec)": f"{r.base.tokens_per_s:.1f} / {r.spec.tokens_per_s:.1f}",
+                     "speedup (median pair)": round(r.speedup, 2),
+                     f"pairs' range ({t.get('repeats', 0)} pair{'s' if t.get('repeats', 0) != 1 else ''})":
+                         f"{t.get('speedup_min', 0):.2f}-{t.get('speedup_max', 0):.2f}"
+                         + (" noisy: rerun" if t.get("noisy") else ""),
+                     "speculation": {True: "keep", False: "off", None: "rerun"}[keep]})
+    df = pd.DataFrame(rows).set_index("prompt")
+    return df.T.astype(str) if by_prompt else df
+
+
+def _like(results: list[PromptResult], cut: int = 40) -> str:
+    """The prompts quoted (cut at `cut` characters), each with why it is kept or not."""
+    return ", ".join(f"“{r.prompt[:cut]}{'…' if len(r.prompt) > cut else ''}” ({r.decision()[1]})"
+                     for r in results)
 
 
 def verdict(results: list[PromptResult]) -> str:
+    """The checklist's conclusion, per prompt: where the numbers earn speculation, and where to keep it off."""
     same = sum(r.first_diff is None for r in results)
-    speed = [r.spec.tokens_per_s / r.base.tokens_per_s for r in results if r.base.tokens_per_s]
-    mean = sum(speed) / len(speed) if speed else 0.0
-    keep = "keep it for this traffic" if mean > 1.0 else "the numbers do not earn it for this traffic"
-    return (f"{same} of {len(results)} prompts gave identical greedy tokens; mean speedup {mean:.2f}x: {keep}.")
+    reps = max((r.timing.get("repeats", 0) for r in results), default=0)
+    head = (f"{same} of {len(results)} prompt{'s' if len(results) != 1 else ''} gave identical greedy tokens; "
+            f"speedups are the median of {reps} back-to-back pair{'s' if reps != 1 else ''} (plain and "
+            "speculative, order alternating). ")
+    keep = [r for r in results if r.decision()[0] is True]
+    off = [r for r in results if r.decision()[0] is False]
+    noisy = [r for r in results if r.decision()[0] is None]
+    parts = []
+    if keep:
+        parts.append(("Keep it for this traffic: " if len(keep) == len(results) else "Keep it for prompts like ")
+                     + _like(keep) + ".")
+    if off:
+        parts.append(("Keep it off for this traffic: " if len(off) == len(results) else "Keep it off for prompts "
+                      "like ") + _like(off) + ".")
+    if noisy:
+        parts.append("Undecided, the machine was too busy to tell (rerun): " + _like(noisy) + ".")
+    return head.rstrip() + "\n\n" + "\n".join(f"- {p}" for p in parts)
 
 
 def figure(results: list[PromptResult]) -> go.Figure:
     x = [f"prompt {i}" for i in range(1, len(results) + 1)]
     fig = go.Figure()
-    fig.add_bar(x=x, y=[r.base.tokens_per_s for r in results], name="baseline (no draft)", marker_color="#546e7a")
-    fig.add_bar(x=x, y=[r.spec.tokens_per_s for r in results], name="speculative", marker_color="#2e7d32")
+    fig.add_bar(x=x, y=[r.base.tokens_per_s for r in results], name="plain (no draft)", marker_color="#546e7a")
+    fig.add_bar(x=x, y=[r.spec.tokens_per_s for r in results], name="speculative", marker_color="#2e7d32",
+                text=[f"{r.speedup:.2f}x" + (" noisy: rerun" if r.timing.get("noisy") else "") for r in results],
+                textposition="outside", cliponaxis=False)
     fig.update_layout(barmode="group", height=320, yaxis_title="tokens/s", margin=dict(l=10, r=10, t=30, b=10),
-                      title="Throughput against the baseline, same prompts, greedy")
+                      title="Throughput against the baseline, same prompts, greedy (the median pair of each)")
     return fig
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from specdec_core import drafters
 from specdec_core.drafters.lookup import PromptLookup
 
 NO = "no equivalent"
@@ -60,32 +61,44 @@ class EngineConfig:
 def _draft_path(s) -> str:
     # `bundled` and `distilled` are our names; a real deployment points at its own draft checkpoint
     spec = (s.draft_model or "").strip()
-    return "<your-draft-model>" if spec in ("", "bundled", "distilled") else spec
+    return "<your-draft-model>" if not spec or spec in drafters.SHIPPED else spec
+
+
+def _pick(table: dict, s) -> tuple[dict, list[str]]:
+    """An engine's table, drafter name -> settings -> (its keys for the draft source, gaps in words); a drafter
+    the table lacks (plain decoding) has neither."""
+    spec, gaps = table[s.drafter](s) if s.drafter in table else ({}, [])
+    return dict(spec), list(gaps)
+
+
+def _supported(s, spec: dict) -> bool:
+    """Plain decoding runs on every engine; a drafter only where the engine has keys for it."""
+    return not drafters.entry(s.drafter).drafts or bool(spec)
+
+
+VLLM = {
+    "lookup": lambda s: ({"method": "ngram", "num_speculative_tokens": s.k,
+                          "prompt_lookup_max": LOOKUP_MAX_N, "prompt_lookup_min": LOOKUP_MIN_N}, []),
+    "draft": lambda s: ({"model": _draft_path(s), "num_speculative_tokens": s.k}, []),
+    "medusa": lambda s: ({"method": "medusa", "model": "<your-medusa-heads>", "num_speculative_tokens": s.k},
+                         ["our Medusa tree shape (which children are tried) has no documented key in "
+                          "speculative_config; heads must be exported in a format vLLM loads"]),
+    "eagle": lambda s: ({"method": "eagle", "model": "<your-eagle-head>", "num_speculative_tokens": s.k},
+                        ["our EAGLE head would need exporting in the format vLLM's EAGLE loads; vLLM sizes its tree "
+                         "with its own settings, not our dynamic 8-node tree"]),
+    "suffix": lambda s: ({"method": "suffix", "num_speculative_tokens": s.k},
+                         ["vLLM's suffix decoding comes from the arctic-inference package; its tree-size and "
+                          "frequency settings have their own names, and its cache spans requests like our session "
+                          "index"]),
+    "early-exit": lambda s: ({}, ["early exit (the target's first layers plus a trained exit) has no equivalent "
+                                  "method; vLLM's nearest self-drafting methods are EAGLE and MTP, which need their "
+                                  "own checkpoints"]),
+}
 
 
 def _vllm(s) -> EngineConfig:
-    gaps, spec = [], {}
-    if s.drafter == "lookup":
-        spec = {"method": "ngram", "num_speculative_tokens": s.k,
-                "prompt_lookup_max": LOOKUP_MAX_N, "prompt_lookup_min": LOOKUP_MIN_N}
-    elif s.drafter == "draft":
-        spec = {"model": _draft_path(s), "num_speculative_tokens": s.k}
-    elif s.drafter == "medusa":
-        spec = {"method": "medusa", "model": "<your-medusa-heads>", "num_speculative_tokens": s.k}
-        gaps.append("our Medusa tree shape (which children are tried) has no documented key in "
-                    "speculative_config; heads must be exported in a format vLLM loads")
-    elif s.drafter == "eagle":
-        spec = {"method": "eagle", "model": "<your-eagle-head>", "num_speculative_tokens": s.k}
-        gaps.append("our EAGLE head would need exporting in the format vLLM's EAGLE loads; vLLM sizes its tree "
-                    "with its own settings, not our dynamic 8-node tree")
-    elif s.drafter == "suffix":
-        spec = {"method": "suffix", "num_speculative_tokens": s.k}
-        gaps.append("vLLM's suffix decoding comes from the arctic-inference package; its tree-size and "
-                    "frequency settings have their own names, and its cache spans requests like our session index")
-    elif s.drafter == "early-exit":
-        gaps.append("early exit (the target's first layers plus a trained exit) has no equivalent method; "
-                    "vLLM's nearest self-drafting methods are EAGLE and MTP, which need their own checkpoints")
-    supported = s.drafter == "none" or bool(spec)
+    spec, gaps = _pick(VLLM, s)
+    supported = _supported(s, spec)
     sampling = {"temperature": s.temperature, "top_p": s.top_p, "seed": s.seed, "max_tokens": s.max_new_tokens}
     args = ['    model="<your-target-model>",']
     if spec:
@@ -105,28 +118,30 @@ def _vllm(s) -> EngineConfig:
     return EngineConfig("vllm", TITLES["vllm"], supported, spec, sampling, snippet, metrics, gaps, DOCS["vllm"])
 
 
+SGLANG = {
+    "lookup": lambda s: ({"--speculative-algorithm": "NGRAM", "--speculative-num-draft-tokens": s.k},
+                         [f"SGLang's NGRAM is CUDA-only; its n-gram sizes are its own settings, not our {NGRAMS}"]),
+    # a chain: one candidate per step (topk 1), k steps, k + 1 tokens verified (the bonus position)
+    "draft": lambda s: ({"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": _draft_path(s),
+                         "--speculative-num-steps": s.k, "--speculative-eagle-topk": 1,
+                         "--speculative-num-draft-tokens": s.k + 1}, []),
+    "medusa": lambda s: ({}, ["Medusa heads: no equivalent algorithm; the nearest tree drafter is EAGLE "
+                              "(--speculative-algorithm EAGLE with --speculative-eagle-topk > 1), which needs an "
+                              "EAGLE draft"]),
+    "early-exit": lambda s: ({}, ["early exit: no equivalent algorithm (EAGLE, EAGLE3, MTP, STANDALONE, NGRAM are "
+                                  "offered)"]),
+    "suffix": lambda s: ({}, ["suffix decoding: no equivalent algorithm; NGRAM is the nearest (it sees the request "
+                              "only)"]),
+    # EAGLE's dynamic tree: k levels, the top 3 candidates expanded per level, 8 nodes verified (our tree)
+    "eagle": lambda s: ({"--speculative-algorithm": "EAGLE", "--speculative-draft-model-path": "<your-eagle-head>",
+                         "--speculative-num-steps": s.k, "--speculative-eagle-topk": 3,
+                         "--speculative-num-draft-tokens": 8}, []),
+}
+
+
 def _sglang(s) -> EngineConfig:
-    gaps, spec = [], {}
-    if s.drafter == "lookup":
-        spec = {"--speculative-algorithm": "NGRAM", "--speculative-num-draft-tokens": s.k}
-        gaps.append(f"SGLang's NGRAM is CUDA-only; its n-gram sizes are its own settings, not our {NGRAMS}")
-    elif s.drafter == "draft":
-        # a chain: one candidate per step (topk 1), k steps, k + 1 tokens verified (the bonus position)
-        spec = {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": _draft_path(s),
-                "--speculative-num-steps": s.k, "--speculative-eagle-topk": 1,
-                "--speculative-num-draft-tokens": s.k + 1}
-    elif s.drafter == "medusa":
-        gaps.append("Medusa heads: no equivalent algorithm; the nearest tree drafter is EAGLE "
-                    "(--speculative-algorithm EAGLE with --speculative-eagle-topk > 1), which needs an EAGLE draft")
-    elif s.drafter == "early-exit":
-        gaps.append("early exit: no equivalent algorithm (EAGLE, EAGLE3, MTP, STANDALONE, NGRAM are offered)")
-    elif s.drafter == "suffix":
-        gaps.append("suffix decoding: no equivalent algorithm; NGRAM is the nearest (it sees the request only)")
-    elif s.drafter == "eagle":
-        # EAGLE's dynamic tree: k levels, the top 3 candidates expanded per level, 8 nodes verified (our tree)
-        spec = {"--speculative-algorithm": "EAGLE", "--speculative-draft-model-path": "<your-eagle-head>",
-                "--speculative-num-steps": s.k, "--speculative-eagle-topk": 3, "--speculative-num-draft-tokens": 8}
-    supported = s.drafter == "none" or bool(spec)
+    spec, gaps = _pick(SGLANG, s)
+    supported = _supported(s, spec)
     sampling = {"temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens}
     gaps.append(f"seed {s.seed}: not translated; check your SGLang version's sampling parameters for a per-request seed")
     flags = " ".join(f"{k} {v}" for k, v in spec.items())
@@ -142,26 +157,29 @@ def _sglang(s) -> EngineConfig:
     return EngineConfig("sglang", TITLES["sglang"], supported, spec, sampling, snippet, metrics, gaps, DOCS["sglang"])
 
 
+_TRT_NONE = lambda s: ({}, [f"{s.drafter}: no equivalent decoding config (Draft/Target, EAGLE 3, N-gram, MTP, "
+                            "Medusa are offered)"])
+TRTLLM = {   # "class": the decoding config's class, the rest its arguments
+    "lookup": lambda s: ({"class": "NGramDecodingConfig", "max_draft_len": s.k,
+                          "max_matching_ngram_size": LOOKUP_MAX_N}, []),
+    "draft": lambda s: ({"class": "DraftTargetDecodingConfig", "max_draft_len": s.k,
+                         "speculative_model": _draft_path(s)}, []),
+    "medusa": lambda s: ({"class": "MedusaDecodingConfig", "max_draft_len": s.k,
+                          "num_medusa_heads": "<heads in your checkpoint>",
+                          "medusa_choices": "<your tree, as a list of paths>"},
+                         ["Medusa runs on the TensorRT engine backend; our heads would need converting to its "
+                          "checkpoint"]),
+    "early-exit": _TRT_NONE,
+    "suffix": _TRT_NONE,
+    "eagle": lambda s: ({}, ["eagle: no equivalent for our head as it is; TensorRT-LLM's EAGLE 3 config needs an "
+                             "EAGLE 3 checkpoint"]),
+}
+
+
 def _trtllm(s) -> EngineConfig:
-    gaps, spec, cls = [], {}, ""
-    if s.drafter == "lookup":
-        cls = "NGramDecodingConfig"
-        spec = {"max_draft_len": s.k, "max_matching_ngram_size": LOOKUP_MAX_N}
-    elif s.drafter == "draft":
-        cls = "DraftTargetDecodingConfig"
-        spec = {"max_draft_len": s.k, "speculative_model": _draft_path(s)}
-    elif s.drafter == "medusa":
-        cls = "MedusaDecodingConfig"
-        spec = {"max_draft_len": s.k, "num_medusa_heads": "<heads in your checkpoint>",
-                "medusa_choices": "<your tree, as a list of paths>"}
-        gaps.append("Medusa runs on the TensorRT engine backend; our heads would need converting to its checkpoint")
-    elif s.drafter in ("early-exit", "suffix"):
-        gaps.append(f"{s.drafter}: no equivalent decoding config (Draft/Target, EAGLE 3, N-gram, MTP, Medusa are "
-                    "offered)")
-    elif s.drafter == "eagle":
-        gaps.append("eagle: no equivalent for our head as it is; TensorRT-LLM's EAGLE 3 config needs an EAGLE 3 "
-                    "checkpoint")
-    supported = s.drafter == "none" or bool(spec)
+    spec, gaps = _pick(TRTLLM, s)
+    cls = spec.pop("class", "")
+    supported = _supported(s, spec)
     sampling = {"temperature": s.temperature, "top_p": s.top_p, "seed": s.seed, "max_tokens": s.max_new_tokens}
     body = f"{cls}(" + ", ".join(f"{k}={v!r}" for k, v in spec.items()) + ")" if cls else "None"
     snippet = ("from tensorrt_llm import LLM, SamplingParams\n"
@@ -180,23 +198,29 @@ def _trtllm(s) -> EngineConfig:
                         sampling, snippet, metrics, gaps, DOCS["tensorrt-llm"])
 
 
+def _gguf(path: str) -> str:
+    return path if path.endswith(".gguf") else path + ".gguf"
+
+
+_LLAMA_NONE = lambda s: ({}, [f"{s.drafter}: no equivalent in llama-server"])
+LLAMACPP = {
+    "lookup": lambda s: ({"--spec-type": "ngram-simple", "--draft-max": s.k, "--spec-ngram-size-n": LOOKUP_MAX_N,
+                          "--spec-ngram-size-m": s.k},
+                         [f"ngram-simple matches one n-gram size; ours backs off from {LOOKUP_MAX_N} to "
+                          f"{LOOKUP_MIN_N}"]),
+    "draft": lambda s: ({"--model-draft": _gguf(_draft_path(s)), "--draft-max": s.k, "--draft-min": 0},
+                        ["--draft-p-min stops drafting when the draft is unsure; our drafter always proposes k, so "
+                         "leave it at its default or set it low to compare like with like"]),
+    "medusa": lambda s: ({}, ["Medusa heads: no equivalent in llama-server"]),
+    "early-exit": _LLAMA_NONE,
+    "suffix": _LLAMA_NONE,
+    "eagle": _LLAMA_NONE,
+}
+
+
 def _llamacpp(s) -> EngineConfig:
-    gaps, spec = [], {}
-    if s.drafter == "lookup":
-        spec = {"--spec-type": "ngram-simple", "--draft-max": s.k, "--spec-ngram-size-n": LOOKUP_MAX_N,
-                "--spec-ngram-size-m": s.k}
-        gaps.append(f"ngram-simple matches one n-gram size; ours backs off from {LOOKUP_MAX_N} to {LOOKUP_MIN_N}")
-    elif s.drafter == "draft":
-        path = _draft_path(s)
-        spec = {"--model-draft": path if path.endswith(".gguf") else path + ".gguf", "--draft-max": s.k,
-                "--draft-min": 0}
-        gaps.append("--draft-p-min stops drafting when the draft is unsure; our drafter always proposes k, so "
-                    "leave it at its default or set it low to compare like with like")
-    elif s.drafter == "medusa":
-        gaps.append("Medusa heads: no equivalent in llama-server")
-    elif s.drafter in ("early-exit", "suffix", "eagle"):
-        gaps.append(f"{s.drafter}: no equivalent in llama-server")
-    supported = s.drafter == "none" or bool(spec)
+    spec, gaps = _pick(LLAMACPP, s)
+    supported = _supported(s, spec)
     sampling = {"--temp": s.temperature, "--top-p": s.top_p, "--seed": s.seed, "--n-predict": s.max_new_tokens}
     flags = " ".join(f"{k} {v}" for k, v in spec.items())
     snippet = (f"llama-server -m <your-target-model>.gguf {flags} "
@@ -212,21 +236,25 @@ def _llamacpp(s) -> EngineConfig:
                         metrics, gaps, DOCS["llama.cpp"])
 
 
+_HF_NONE = lambda s: ({}, [f"{s.drafter}: no equivalent in generate()"])
+TRANSFORMERS = {
+    "lookup": lambda s: ({"prompt_lookup_num_tokens": s.k},
+                         ["prompt lookup's n-gram size is fixed by transformers (max_matching_ngram_size), "
+                          f"not our {NGRAMS} back-off"]),
+    "draft": lambda s: ({"assistant_model": _draft_path(s), "num_assistant_tokens": s.k,
+                         "num_assistant_tokens_schedule": "constant"}, []),
+    "medusa": _HF_NONE,
+    "suffix": _HF_NONE,
+    "eagle": _HF_NONE,
+    "early-exit": lambda s: ({}, ["early exit: no equivalent for our trained exit layer; transformers' "
+                                  "self-speculative mode (assistant_early_exit) needs a model trained for early "
+                                  "exit"]),
+}
+
+
 def _transformers(s) -> EngineConfig:
-    gaps, spec = [], {}
-    if s.drafter == "lookup":
-        spec = {"prompt_lookup_num_tokens": s.k}
-        gaps.append("prompt lookup's n-gram size is fixed by transformers (max_matching_ngram_size), "
-                    f"not our {NGRAMS} back-off")
-    elif s.drafter == "draft":
-        spec = {"assistant_model": _draft_path(s), "num_assistant_tokens": s.k,
-                "num_assistant_tokens_schedule": "constant"}
-    elif s.drafter in ("medusa", "suffix", "eagle"):
-        gaps.append(f"{s.drafter}: no equivalent in generate()")
-    elif s.drafter == "early-exit":
-        gaps.append("early exit: no equivalent for our trained exit layer; transformers' self-speculative mode "
-                    "(assistant_early_exit) needs a model trained for early exit")
-    supported = s.drafter == "none" or bool(spec)
+    spec, gaps = _pick(TRANSFORMERS, s)
+    supported = _supported(s, spec)
     sampling = {"do_sample": s.temperature > 0, "max_new_tokens": s.max_new_tokens}
     if s.temperature > 0:
         sampling.update(temperature=s.temperature, top_p=s.top_p)
@@ -243,12 +271,14 @@ def _transformers(s) -> EngineConfig:
                         DOCS["transformers"])
 
 
+for _table in (VLLM, SGLANG, TRTLLM, LLAMACPP, TRANSFORMERS):   # every drafter that drafts has its row
+    assert set(_table) == set(drafters.SPECULATIVE), sorted(_table)
+
+
 def translate(s) -> dict[str, EngineConfig]:
     """Settings (anything with drafter, draft_model, k, temperature, top_p, seed, max_new_tokens) ->
     {engine: EngineConfig}."""
-    if s.drafter not in ("none", "lookup", "suffix", "draft", "early-exit", "medusa", "eagle"):
-        raise ValueError(f"unknown drafter {s.drafter!r}")
-    if s.drafter != "none" and int(s.k) < 1:
+    if drafters.entry(s.drafter).drafts and int(s.k) < 1:   # entry: DrafterUnavailable (a ValueError) if unknown
         raise ValueError(f"k must be at least 1 for drafter {s.drafter!r}, got {s.k}")
     return {e.engine: e for e in (_vllm(s), _sglang(s), _trtllm(s), _llamacpp(s), _transformers(s))}
 

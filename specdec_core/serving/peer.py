@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..bench.invariance import first_difference
 from ..bench.sweeps import REPEATS, ratios
-from ..drafters import Drafter, make
+from ..drafters import PLAIN, Drafter, make
 from ..engine import run
 from ..models import LM, bundled_gguf
 from ..sampling import SamplingParams
@@ -34,6 +35,8 @@ PEER_PACKAGE = "llama-cpp-python==0.3.36"
 INSTALL_HINT = "run `make peers` (installs llama-cpp-python==0.3.36; it builds llama.cpp from source, " \
                "about 9 minutes on 2 cores)"
 ENGINES = ("ours", PEER)
+LOOKUP = "lookup"        # the drafter both engines run: our prompt lookup, llama.cpp's ngram-simple
+OURS = (PLAIN, LOOKUP)   # our side of the comparison itself; any other drafter joins on our engine only
 
 
 class PeerUnavailable(RuntimeError):
@@ -93,14 +96,6 @@ def llama_decode(llm, ids: list[int], max_new: int, eos: set[int]) -> tuple[list
     return out, time.perf_counter() - t0, first
 
 
-def first_diff(a: list, b: list) -> int | None:
-    """Index of the first position where two sequences differ (a prefix ends one), None when equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 @dataclass
 class Timed:
     ids: list[int]
@@ -139,11 +134,11 @@ def measure(target: LM, prompts: list[list[int]], k: int, max_new: int, threads:
     repeats = repeats or REPEATS
     sp = SamplingParams(temperature=0.0)
     eos = set(target.eos_ids)
-    plain, lookup = make("none", target), make("lookup", target)
+    plain, lookup = make(PLAIN, target), make(LOOKUP, target)
     n_ctx = context_size(max(len(p) for p in prompts) + max_new)
     ll_plain, ll_spec = open_llama(threads, 0, n_ctx), open_llama(threads, k, n_ctx)
 
-    extra = {n: d for n, d in (drafters or {}).items() if n not in ("none", "lookup")}   # those two run anyway
+    extra = {n: d for n, d in (drafters or {}).items() if n not in OURS}   # those two run anyway
 
     def one(engine: str, mode: str, ids: list[int], n: int) -> Timed:
         if engine == "ours":
@@ -171,9 +166,9 @@ def measure(target: LM, prompts: list[list[int]], k: int, max_new: int, threads:
 
 
 def _diff(pr: PeerRun, a: list[int], b: list[int]) -> dict:
-    d = first_diff(a, b)
+    d = first_difference(a, b)
     ta, tb = pr.texts(a), pr.texts(b)
-    return {"identical": d is None, "first_diff_token": d, "first_diff_char": first_diff(ta, tb)}
+    return {"identical": d is None, "first_diff_token": d, "first_diff_char": first_difference(ta, tb)}
 
 
 def rows(pr: PeerRun, meta: list[dict] | None = None) -> list[dict]:

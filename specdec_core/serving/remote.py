@@ -23,6 +23,7 @@ from typing import Callable
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..bench.invariance import first_difference
 from ..bench.sweeps import REPEATS, ratios
 from . import endpoint
 from .checklist import md_table
@@ -131,8 +132,8 @@ class Report:
             return {"compared": False}
         tok = None
         if a.tokens and b.tokens:
-            tok = _first_diff(a.tokens, b.tokens)
-        ch = _first_diff(a.text, b.text)
+            tok = first_difference(a.tokens, b.tokens)
+        ch = first_difference(a.text, b.text)
         return {"compared": True, "identical": ch is None and tok is None, "first_diff_char": ch,
                 "first_diff_token": tok, "by_tokens": bool(a.tokens and b.tokens)}
 
@@ -152,13 +153,6 @@ class Report:
                 tps.append((sum(s.n_tokens for _, s in both) / sum(s.total_s for _, s in both),
                             sum(b.n_tokens for b, _ in both) / sum(b.total_s for b, _ in both)))
         return ratios([s for s, _ in tps], [b for _, b in tps]) if tps else None
-
-
-def _first_diff(a, b) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _ms(x: Streamed | None, attr: str, f: str) -> str:

@@ -16,23 +16,19 @@ on held-out prompts, draft cost, command, versions, sha256).
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
-KINDS = ("draft", "early-exit", "medusa", "eagle")
+from ..drafters import TRAINED as KINDS
+
+# kind -> its trainer module, imported on demand so that using distill.py or prompts.py alone loads no trainer
+MODULES = {"draft": "draft", "early-exit": "early_exit", "medusa": "medusa", "eagle": "eagle"}
+assert set(MODULES) == set(KINDS), "every drafter with trained weights has a trainer"
 
 
 def main(kind: str, argv: list[str]) -> int:
     """Entry for `train KIND`; returns the exit status."""
-    # imported on demand, so that using distill.py or prompts.py alone does not load every trainer
-    if kind == "draft":
-        from .draft import main as train
-    elif kind == "early-exit":
-        from .early_exit import main as train
-    elif kind == "medusa":
-        from .medusa import main as train
-    elif kind == "eagle":
-        from .eagle import main as train
-    else:
+    if kind not in MODULES:
         print(f"train: unknown kind {kind!r}; choose one of: {', '.join(KINDS)}", file=sys.stderr)
         return 2
-    return train(argv)
+    return importlib.import_module(f".{MODULES[kind]}", __name__).main(argv)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from ..drafters import distilled
+from ..drafters import distilled, target_record
 from ..drafters.draft_model import DraftModel
 from . import distill
 from .common import (acceptance, chain_parser, fit, heldout, parse_chain_args, prepare, target_step_cost,
@@ -46,6 +46,7 @@ def train_draft(a, argv) -> int:
     t_t = target_step_cost(lm)
     t_d = target_step_cost(draft)
     write_manifest("draft", a, argv, path, dict(
+        **target_record(lm),
         model=dict(architecture="LlamaForCausalLM", config="draft.config.json", layers=len(layers),
                    init_from_target_layers=layers, hidden=m.config.hidden_size,
                    intermediate=m.config.intermediate_size,

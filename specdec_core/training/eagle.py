@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..drafters import target_record
 from ..drafters.eagle import Eagle, Head, head_weight, load_head
 from . import distill
 from .common import WEIGHTS, acceptance, prepare, schedule, target_step_cost, time_forward, write_manifest
@@ -183,7 +184,7 @@ def main(argv: list[str]) -> int:
                        sp=SamplingParams(), gen=None)
     draft_s = time_forward(lambda: dr.propose(ctx), reps=5)
     write_manifest("eagle", a, argv, path, dict(
-        target=lm.name, tree=tree,
+        **target_record(lm), tree=tree,
         model=dict(hidden=int(Hc.shape[1]), block="fc([f ; embed(x)]) -> one Llama decoder layer (started as "
                    "the target's last layer) -> RMSNorm -> the target's LM head (frozen, not shipped) over the "
                    "draft vocabulary", feature="the target's final-norm hidden state (the LM head's input)",

@@ -13,7 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..drafters import early_exit as ee
+from ..drafters import early_exit as ee, target_record
 from . import distill
 from .common import (acceptance, chain_parser, fit, heldout, parse_chain_args, prepare, target_step_cost,
                      time_forward, vocab_desc, write_manifest)
@@ -83,6 +83,7 @@ def train_early_exit(a, argv) -> int:
     shipped = ee.load_exit(model, path)  # measure exactly what ships
     acc = acceptance(lm, ee.EarlyExit(lm, shipped, default_k=k), distill.HELDOUT[:a.eval_prompts], k, a.eval_tokens)
     write_manifest("early-exit", a, argv, path, dict(
+        **target_record(lm),
         model=dict(exit_layer=L, default_k=k,
                    exit="one decoder layer (attention + MLP, started from the target's last layer) and an RMSNorm "
                         f"after the target's first {L} layers; those layers and the tied LM head are shared, not "

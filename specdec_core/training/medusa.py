@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..drafters import target_record
 from ..drafters.medusa import Heads, Medusa, head_weight, load_heads, ranked
 from ..tree import best_tree, compile_tree
 from . import distill
@@ -186,7 +187,7 @@ def main(argv: list[str]) -> int:
     drafter = Medusa(lm, shipped, manifest=manifest)
     res = acceptance(lm, drafter, distill.HELDOUT[:a.eval_prompts], drafter.default_k, a.eval_tokens)
     write_manifest("medusa", a, argv, path, dict(
-        target=lm.name, tree=[list(p) for p in paths],
+        **target_record(lm), tree=[list(p) for p in paths],
         model=dict(heads=a.heads, hidden=H.shape[1], block="h + SiLU(W h + b), zero-initialised, then the "
                    "target's shared LM head (frozen, not shipped) over the draft vocabulary",
                    head_i_predicts="token t+2+i", dtype="float32"),
