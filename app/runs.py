@@ -189,16 +189,15 @@ def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
     try:
         sp = s.sampling()
         k = drafters.entry(s.drafter).k(s.k)
-        engine.check_run_args(k, int(s.max_new_tokens))
         ids = tgt.encode(s.prompt).tolist()
-        # the engine checks this too, but only once the stream is read: here it comes before any output
-        engine.check_context(tgt, len(ids), int(s.max_new_tokens), k)
+        # decode checks k, the lengths and the context at the call, before any output; the steps come as read
+        steps = engine.decode(tgt, drafter, ids, sp=sp, k=k, max_new_tokens=int(s.max_new_tokens),
+                              k_policy=s.k_policy if k else "fixed")
     except InputError as e:
         raise UserError(str(e)[:1].upper() + str(e)[1:] + ".") from e
     run = Run(s, ids, tgt.tokenizer.decode(ids), note=note(tgt, len(ids), int(s.max_new_tokens)))
     # one turn at the shared model at a time (app/turns.py); the page sets .on_wait to show the line
-    return run, turns.queued(engine.decode(tgt, drafter, ids, sp=sp, k=k, max_new_tokens=int(s.max_new_tokens),
-                                           k_policy=s.k_policy if k else "fixed"))
+    return run, turns.queued(steps)
 
 
 def baseline(s: Settings, prompt_ids: list[int], on_wait=None) -> list[StepRecord]:

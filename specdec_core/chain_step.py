@@ -1,7 +1,7 @@
 """One verification step over a chain of drafts: what the target scores, the verdict, what the cache keeps.
 
 Leviathan et al. (2023), Alg. 1; Chen et al. (2023), Alg. 2. The tree counterpart is tree_step.py; both give
-the engine (engine.py, one sequence) and the batch (batch.py, row by row) the same three things:
+the step (step.py, row by row, for engine.py's one sequence and batch.py's many) the same three things:
 
   slots   - what goes through the target after the committed context: the pending token (committed, never
             run yet) and the m drafts, each one position further, each seeing those before it
@@ -42,12 +42,6 @@ def slots(pending: int, prop: Proposal, k: int) -> tuple[list[int], torch.Tensor
     ids = [pending] + prop.tokens[:k].tolist()
     n = len(ids)
     return ids, torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()
-
-
-def score(target, cache, ids: list[int], prop: Proposal, hidden: bool):
-    """One target forward over the slots -> (logits [n, V], final-norm hidden [n, H] or None)."""
-    out = target.forward(torch.tensor(ids), cache, hidden=hidden)
-    return out if hidden else (out, None)
 
 
 def verify(logits: torch.Tensor, ids: list[int], prop: Proposal, sp: SamplingParams,

@@ -1,7 +1,7 @@
 """The speculative decode loop (Leviathan et al. 2023, Alg. 1), batch size 1. Yields one StepRecord per step.
 
 The prefill runs the prompt but its last token, which is pending: committed, not yet run through the target.
-Each step then has the phases the app animates:
+Each step then has the phases the app animates, written once in step.py for this loop and batch.py's:
   1. propose  - the drafter proposes up to k tokens after the committed context (with q, or one-hot), or a tree
   2. score    - one target forward over the pending token and the drafts gives p before every drafted token,
                 plus one beyond (chain_step.py; tree_step.py for a tree)
@@ -9,7 +9,8 @@ Each step then has the phases the app animates:
   4. commit   - accepted tokens and the drawn one are committed; the target cache keeps exactly the committed
                 tokens but the newest, which is pending for the next step, never a rejected one
   5. feedback - the drafter hears how many of its tokens survived (and, if it reads them, the hidden state)
-Plain decoding is the same loop with a drafter that proposes nothing.
+Plain decoding is the same loop with a drafter that proposes nothing. `decode` checks its input when called,
+before any work, and returns the stream of steps.
 """
 from __future__ import annotations
 
@@ -19,16 +20,16 @@ from typing import Iterator
 
 import torch
 
-from . import chain_step, tree_step
+from .backend import Single
 from .chain_step import Checked
-from .drafters import DraftContext, Drafter, Proposal
+from .drafters import Drafter, Proposal
 from .metrics import RunMetrics, summarize
-from .models import LM, keep
+from .models import LM
 from .policy import KPolicy
 from .records import Candidate, Committed, Position, StepRecord, TreeNode, TreeView, Trial
 from .sampling import InputError, SamplingParams
+from .step import MAX_K, Row, prefill, step
 
-MAX_K = 64
 MAX_NEW_TOKENS = 4096
 TOP = 8  # entries kept of each distribution for the bar charts
 
@@ -61,85 +62,36 @@ def check_context(target: LM, prompt_len: int, max_new_tokens: int, k: int) -> N
                          "prompt or ask for fewer new tokens")
 
 
-def prefill(target: LM, drafter: Drafter, prompt: list[int], cache) -> None:
-    """Run all of the prompt but its last token, which stays pending: every step then scores the pending
-    token and its drafts in one forward, the first step included. A drafter that reads the target's hidden
-    state gets the newest one."""
-    if len(prompt) < 2:
-        return
-    out = target.forward(torch.tensor(prompt[:-1]), cache, last_only=True, hidden=drafter.reads_hidden)
-    if drafter.reads_hidden:
-        drafter.observe(out[1][-1], len(prompt) - 1)
-
-
-def until_eos(new: list[int], eos: set[int]) -> tuple[list[int], str]:
-    """The committed tokens up to and including the first end-of-sequence one, and whether it came."""
-    for j, t in enumerate(new):
-        if t in eos:
-            return new[:j + 1], "eos"
-    return new, ""
-
-
 def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: SamplingParams | None = None,
            k: int | None = None, max_new_tokens: int = 64, stop_at_eos: bool = True,
            detail: bool = True, k_policy: str = "fixed") -> Iterator[StepRecord]:
     """Decode after `prompt` (ids). `detail` adds top-k lists and text pieces for the animation; `k_policy`
-    (policy.py) moves k from step to step, k being its start or bound."""
+    (policy.py) moves k from step to step, k being its start or bound. Bad input raises here, at the call;
+    the steps are made as the returned stream is read."""
     sp = sp or SamplingParams()
     k = drafter.default_k if k is None else k
     check_run_args(k, max_new_tokens)
     pol = KPolicy(k_policy, k)
     prompt = [int(t) for t in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
     check_prompt(target, prompt, max_new_tokens, k)
-    eos = target.eos_ids if stop_at_eos else set()
-    gen = torch.Generator(device=target.device).manual_seed(sp.seed)
-    show = Show(target.tokenizer, detail)
+    row = Row(0, drafter, torch.Generator(device=target.device).manual_seed(sp.seed), pol, prompt, len(prompt))
+    return stream(target, row, sp, max_new_tokens, target.eos_ids if stop_at_eos else set(),
+                  Show(target.tokenizer, detail))
 
+
+def stream(target: LM, row: Row, sp: SamplingParams, max_new_tokens: int, eos: set[int],
+           show: "Show") -> Iterator[StepRecord]:
+    """The checked run of `decode`, step by step: step.py's phases on a batch of one, in the target's cache."""
     t0 = time.perf_counter()
-    cache = target.new_cache()
-    drafter.begin(list(prompt))
-    prefill(target, drafter, prompt, cache)
-    tokens, fwd_t, fwd_d = list(prompt), 0, 0
+    kv = Single(target, row.drafter.reads_hidden)
+    prefill([row], kv)
+    fwd_t = fwd_d = 0
     for index in itertools.count():
-        room = max_new_tokens - (len(tokens) - len(prompt)) - 1
-        ctx = DraftContext(tokens, len(prompt), min(pol.next_k(), room, MAX_K), sp, gen, pol.stop_below)
-        t = [time.perf_counter()]
-
-        # 1. propose
-        prop = drafter.propose(ctx) if ctx.k > 0 else Proposal.empty()
-        fwd_d += prop.forwards
-        step = tree_step if prop.tree is not None else chain_step
-        t.append(time.perf_counter())
-
-        # 2. score: the pending token and the drafts in one target forward
-        ids, _, _ = step.slots(tokens[-1], prop, ctx.k)
-        L = cache.get_seq_length()
-        logits, h = step.score(target, cache, ids, prop, drafter.reads_hidden)
-        fwd_t += 1
-        t.append(time.perf_counter())
-
-        # 3. verify
-        c = step.verify(logits, ids, prop, sp, gen)
-        t.append(time.perf_counter())
-
-        # 4. commit / rollback: the cache keeps the pending token and the accepted drafts, never a rejected one
-        new, stop = until_eos(c.draft[:c.v.n_accepted].tolist() + [c.v.token], eos)
-        kept = c.kept[:len(new)]
-        keep(cache, L, kept)
-        tokens += new
-        stop = stop or ("length" if len(tokens) - len(prompt) >= max_new_tokens else "")
-
-        # 5. feedback
-        if drafter.reads_hidden:
-            drafter.observe(h[kept[-1]], len(tokens) - 1)
-        if c.draft.numel():
-            drafter.feedback(ctx, c.v.n_accepted)
-        pol.update(c.draft.numel(), c.v.n_accepted)
-        t.append(time.perf_counter())
-
-        yield show.record(index, drafter.name, prop, c, new, tokens[len(prompt):], cache.get_seq_length(),
-                          fwd_t, fwd_d, t, t0, stop)
-        if stop:
+        t = step([row], kv, sp, max_new_tokens, eos)   # 1. propose 2. score 3. verify 4. commit 5. feedback
+        fwd_t, fwd_d = fwd_t + 1, fwd_d + row.prop.forwards
+        yield show.record(index, row.drafter.name, row.prop, row.c, row.new, row.tokens[row.prompt_len:],
+                          kv.slots()[1][0], fwd_t, fwd_d, t, t0, row.stop)
+        if row.stop:
             return
 
 

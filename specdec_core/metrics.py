@@ -81,7 +81,7 @@ def summarize(records: list[StepRecord]) -> RunMetrics:
 def timings(recs_runs: list[list], base_runs: list[list]) -> dict:
     """Where the time goes, from the StepRecords: draft seconds per drafted token, one plain target forward,
     and one verification forward over the pending token plus the drafts. c = draft per token / target forward
-    is Leviathan et al.'s cost ratio. The prefill is no step's work (engine.prefill), so every step counts."""
+    is Leviathan et al.'s cost ratio. The prefill is no step's work (step.prefill), so every step counts."""
     drafted = sum(r.k for recs in recs_runs for r in recs)
     t_draft = sum(r.t_draft for recs in recs_runs for r in recs if r.k)
     plain = [r.t_score for recs in base_runs for r in recs]

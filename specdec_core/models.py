@@ -7,12 +7,12 @@ no token at all, so every model here scores only its tokenizer's ids (`n_tokens`
 are padded differently still pair.
 
 Two forwards run the same weights: ours (forward.py: batch-invariant, static KV cache; the default) and
-transformers' own (`hf`, the reference). LM hides which one runs behind forward / tree_forward / new_cache.
+transformers' own (`hf`, the reference). LM hides which one runs behind forward / tree_forward / new_cache:
+each goes to its backend (backend.py), which is the only module that tells the two apart.
 """
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import os
 import sys
 from dataclasses import dataclass, field
@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-from .forward import Forward, KVCache, Unsupported
+from . import backend as seam
+from .backend import cache_kw
+from .forward import Forward, Unsupported
 
 BUNDLED = "bundled"
 BUNDLED_NAME = "SmolLM2-135M-Instruct (bundled GGUF, Q4_1)"
@@ -54,13 +56,18 @@ class LM:
         rows = int(getattr(self.model.config, "vocab_size", 0) or self.vocab_size)
         self.n_tokens = token_count(self.tokenizer, rows)
 
+    @property
+    def backend(self) -> seam.Ours | seam.Theirs:
+        """The backend running this model now (attach_forward may change it; a light wrapper, made per call)."""
+        return seam.of(self)
+
     def cut(self, logits: torch.Tensor) -> torch.Tensor:
         """[.., rows] head logits -> [.., n_tokens]: a padded head's extra rows are no token (p = 0 there)."""
         return logits if logits.shape[-1] == self.n_tokens else logits[..., :self.n_tokens]
 
     @property
     def forward_name(self) -> str:
-        return "ours" if self.fwd is not None else "hf"
+        return self.backend.name
 
     @property
     def vocab_size(self) -> int:
@@ -80,7 +87,7 @@ class LM:
         return int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
 
     def new_cache(self, batch: int = 1):
-        return self.fwd.new_cache(batch) if self.fwd is not None else dynamic_cache(self.model.config)
+        return self.backend.new_cache(batch)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache, last_only: bool = False, hidden: bool = False):
@@ -89,18 +96,7 @@ class LM:
         ids = torch.as_tensor(ids).view(-1)
         n = ids.numel()
         try:
-            if isinstance(cache, KVCache):
-                return self.fwd.append(ids, cache, last_only, hidden)
-            if hidden:
-                dec = self.model.get_decoder()
-                h = dec(input_ids=ids.view(1, -1).to(self.device), use_cache=True,
-                        **{cache_kw(dec): cache}).last_hidden_state[0]
-                head = self.model.get_output_embeddings()
-                return self.cut(head(h[-1:] if last_only else h).float()), h
-            kw = {self.cache_arg: cache, "use_cache": True}
-            if last_only:
-                kw["logits_to_keep"] = 1
-            return self.cut(self.model(ids.view(1, -1).to(self.device), **kw).logits[0].float())
+            return self.backend.forward(ids, cache, last_only, hidden)
         except torch.cuda.OutOfMemoryError as e:  # pragma: no cover - GPU only
             raise ModelError(f"GPU out of memory running {self.name} on {n} tokens: "
                              "use a smaller model, a shorter prompt or fewer new tokens") from e
@@ -111,26 +107,7 @@ class LM:
 
         Node i sits at position L + depth(i) and sees the committed context plus its own ancestors. The cache
         then holds all T nodes after the context, in tree order (compact() keeps the accepted branch)."""
-        T = ids.numel()
-        if isinstance(cache, KVCache):
-            L = cache.lens[0]
-            anc = [[L + j for j in [0] + tree.path_to(i)] if i else [L] for i in range(T)]
-            logits, h = self.fwd(ids, [0] * T, L + tree.depth, cache, slots=torch.arange(L, L + T), anc=anc,
-                                 hidden=True)
-            cache.lens[0] = L + T
-            return logits, h
-        dec, dev = self.model.get_decoder(), self.device
-        L = cache.get_seq_length()
-        emb = dec.get_input_embeddings()(ids.view(1, -1).to(dev))                        # [1, T, H]
-        seen = torch.ones(T, L + T, dtype=torch.bool, device=dev)
-        seen[:, L:] = tree.mask.to(dev)
-        mask = torch.zeros(1, 1, T, L + T, dtype=emb.dtype, device=dev)
-        mask.masked_fill_(~seen, torch.finfo(emb.dtype).min)                             # additive: eager and sdpa
-        pos = (L + tree.depth).view(1, -1).to(dev)
-        out = dec(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=True,
-                  **{cache_kw(dec): cache})
-        h = out.last_hidden_state[0]                                                     # [T, H]
-        return self.cut(self.model.get_output_embeddings()(h).float()), h
+        return self.backend.tree_forward(cache, ids, tree)
 
     def encode(self, text: str, raw: bool = False) -> torch.Tensor:
         """Prompt text -> [n] ids, through the chat template unless `raw` (or there is none)."""
@@ -164,48 +141,6 @@ def token_count(tokenizer, rows: int) -> int:
     except TypeError:
         n = max(tokenizer.get_vocab().values()) + 1
     return min(int(n), rows) if n else rows
-
-
-def dynamic_cache(config):
-    """transformers' growing KV cache (older releases take no config)."""
-    from transformers import DynamicCache
-    try:
-        return DynamicCache(config=config)
-    except TypeError:
-        return DynamicCache()
-
-
-def cache_kw(module) -> str:
-    """The name `module.forward` gives its KV cache argument: transformers 5.2x says `cache`, earlier 5.x and
-    4.x say `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
-@torch.inference_mode()
-def compact(cache, start: int, keep: torch.Tensor, row: int = 0) -> None:
-    """Keep entries start + keep (in that order) after the first `start`, in every layer; drop the rest."""
-    if isinstance(cache, KVCache):
-        return cache.compact(row, start, keep)
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-            continue
-        idx = (start + keep).to(layer.keys.device)
-        n = keep.numel()
-        layer.keys[..., start:start + n, :] = layer.keys[..., idx, :]   # gather first (a copy), then write
-        layer.values[..., start:start + n, :] = layer.values[..., idx, :]
-        layer.keys = layer.keys[..., :start + n, :]
-        layer.values = layer.values[..., :start + n, :]
-
-
-def keep(cache, start: int, kept: list[int], row: int = 0) -> None:
-    """After a forward appended slots from `start`, keep those at start + kept (in order) and drop the rest:
-    a crop when they are a prefix (a chain's accepted drafts), a compaction otherwise (a tree's path)."""
-    if kept != list(range(len(kept))):
-        compact(cache, start, torch.tensor(kept), row)
-    elif isinstance(cache, KVCache):
-        cache.set_length(row, start + len(kept))
-    elif (drop := cache.get_seq_length() - start - len(kept)) > 0:
-        cache.crop(-drop)
 
 
 def attach_forward(lm: LM, forward: str = "ours", **kw) -> LM:

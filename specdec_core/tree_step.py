@@ -58,11 +58,6 @@ def slots(pending: int, prop: Proposal, k: int) -> tuple[list[int], torch.Tensor
     return [pending] + prop.tokens.tolist(), tree.depth, tree.mask
 
 
-def score(target, cache, ids: list[int], prop: Proposal, hidden: bool):
-    """One target forward over the tree -> (logits [T, V], final-norm hidden [T, H])."""
-    return target.tree_forward(cache, torch.tensor(ids, dtype=torch.long), prop.tree)
-
-
 def chain_view(tree: Tree, v: TreeVerdict) -> list[int]:
     """The accepted path plus the first rejected child of its last node (if one was tried)."""
     last = v.path[-1] if v.path else 0

@@ -1,5 +1,6 @@
-"""The house plan holds: rooms import only downwards, no module circle, no private name crosses a module, and
-docs/architecture.md's diagram is the import graph as it stands. `python tests/test_architecture.py` prints
+"""The house plan holds: rooms import only downwards, no module circle, no private name crosses a module, only
+the backend module tells the two model backends apart, and docs/architecture.md's diagram is the import graph
+as it stands. `python tests/test_architecture.py` prints
 the diagram's block from the code."""
 from __future__ import annotations
 
@@ -125,6 +126,43 @@ def test_no_private_name_crosses_a_module():
     bad = [(a, b, n) for a, deps in g.items() for b, names, _ in deps for n in names
            if n.startswith("_") and not n.startswith("__")]
     assert not bad, bad
+
+
+SEAM = {"specdec_core.backend"}   # the one module that knows our forward from transformers'
+
+
+def backend_probes(source: str) -> list[str]:
+    """Where `source` tells the backends apart by hand: `isinstance(x, <a cache type>)`, or comparing an
+    LM's `.fwd` (our forward, or None for transformers') with None."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance" and len(node.args) == 2:
+            types = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            names = [getattr(t, "attr", getattr(t, "id", "")) for t in types]
+            if any("Cache" in n for n in names):
+                out.append(f"line {node.lineno}: isinstance(..., {', '.join(names)})")
+        elif isinstance(node, ast.Compare) and all(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops):
+            sides = [node.left] + node.comparators
+            if any(isinstance(x, ast.Attribute) and x.attr == "fwd" for x in sides) and \
+                    any(isinstance(x, ast.Constant) and x.value is None for x in sides):
+                out.append(f"line {node.lineno}: .fwd compared with None")
+    return out
+
+
+def test_backend_probes_are_seen():
+    """The scan finds what it looks for (each way of writing it), and not the forward's own use."""
+    src = ("if isinstance(c, KVCache): pass\nif isinstance(c, (list, fw.KVCache)): pass\n"
+           "if lm.fwd is None: pass\nx = 1 if t.fwd is not None else 2\nif None is lm.fwd: pass\n")
+    assert len(backend_probes(src)) == 5
+    assert backend_probes("lm.fwd(ids)\nif isinstance(x, list): pass\nif lm.fallback is None: pass\n") == []
+
+
+def test_only_the_backend_tells_the_backends_apart():
+    """No module but backend.py branches on which forward runs (isinstance of a cache type, `.fwd is None`):
+    the decoders ask the backend (`lm.backend`, `backend.of`) instead."""
+    mods, _ = graph()
+    bad = {m: hits for m, p in mods.items() if m not in SEAM and (hits := backend_probes(p.read_text()))}
+    assert not bad, f"backend checks outside {sorted(SEAM)}: {bad}"
 
 
 def _strings(node) -> list[str]:

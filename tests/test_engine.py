@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from specdec_core import InputError, SamplingParams, engine, load
-from specdec_core.models import LM, dynamic_cache
+from specdec_core.models import LM
+from specdec_core.backend import dynamic_cache
 from specdec_core.drafters import Drafter, DrafterUnavailable, make
 from specdec_core.drafters.draft_model import DraftModel
 from specdec_core.sampling import probs
 from specdec_core.forward import KVCache
-from specdec_core.batch import run_batch
+from specdec_core.batch import decode_batch, run_batch
 from tests.tiny import V, perturbed, tiny_lm
 
 TINY_PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 1, 2]
@@ -219,6 +220,43 @@ def test_k_out_of_range(tiny, k):
 def test_max_new_tokens_out_of_range(tiny, n):
     with pytest.raises(InputError, match="max new tokens"):
         engine.run(tiny, make("none", tiny), TINY_PROMPT, max_new_tokens=n)
+
+
+class Untouched(Drafter):
+    """Fails the test if a run ever starts with it: input checks must come before any work."""
+    name = "untouched"
+
+    def begin(self, prompt):
+        raise AssertionError("the run started before its input was checked")
+
+    def propose(self, ctx):
+        raise AssertionError("the run started before its input was checked")
+
+
+BAD = {"k": dict(k=-1), "k-big": dict(k=65), "length": dict(max_new_tokens=0), "policy": dict(k_policy="bogus"),
+       "empty": dict(prompt=[]), "id": dict(prompt=[1, V]), "context": dict(max_new_tokens=120, k=10)}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_raises_at_the_call(tiny, case, monkeypatch):
+    """decode and decode_batch refuse at the call itself: the stream is never read, no cache is made, the
+    drafter never begins (tiny's context is 128 positions: 12 + 120 + 10 passes it)."""
+    made = capture_caches(tiny, monkeypatch)
+    kw = dict(BAD[case])
+    prompt = kw.pop("prompt", TINY_PROMPT)
+    with pytest.raises(InputError):
+        engine.decode(tiny, Untouched(), prompt, **kw)       # not iterated
+    with pytest.raises(InputError):
+        decode_batch(tiny, Untouched, [TINY_PROMPT, prompt], **kw)
+    assert made == []
+
+
+def test_good_input_works_only_when_read(tiny, monkeypatch):
+    """The other side: a valid call does no work until the stream is read."""
+    made = capture_caches(tiny, monkeypatch)
+    steps = engine.decode(tiny, make("lookup", tiny), TINY_PROMPT, k=3, max_new_tokens=4)
+    assert made == []
+    assert next(steps).index == 0 and len(made) == 1
 
 
 def test_k_edges_accepted(tiny):

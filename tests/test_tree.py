@@ -285,7 +285,6 @@ from specdec_core import SamplingParams  # noqa: E402
 from specdec_core.drafters import DrafterUnavailable, make  # noqa: E402
 from specdec_core.drafters.medusa import MANIFEST, WEIGHTS, Heads, Medusa  # noqa: E402
 from specdec_core.engine import run  # noqa: E402
-from specdec_core.models import compact  # noqa: E402
 
 PROMPTS = [
     "Write a Python function that returns the factorial of n.",
@@ -337,7 +336,7 @@ def test_compact_keeps_the_accepted_branch(bundled_fp32):
     lm.forward(ids[:-1], cache)
     L = cache.get_seq_length()
     lm.tree_forward(cache, nodes, tree)
-    compact(cache, L, torch.tensor([0, 2, 5]))                       # root -> (1,) -> (1, 0)
+    lm.backend.compact(cache, L, torch.tensor([0, 2, 5]))                     # root -> (1,) -> (1, 0)
     assert cache.get_seq_length() == L + 3
     got = lm.forward(torch.tensor([7]), cache)[-1]
     c = lm.new_cache()

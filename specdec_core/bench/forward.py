@@ -94,7 +94,7 @@ def bench_forward(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     ours = load(args.model, dtype=args.dtype, device=args.device, forward="ours")
-    if ours.fwd is None:
+    if ours.forward_name != "ours":
         raise ValueError(f"our forward does not run this model: {ours.fallback}")
     hf = LM(ours.model, ours.tokenizer, ours.name, ours.dtype, ours.device)   # same weights, transformers' forward
     rows = load_jsonl(args.prompts)[:args.limit]

@@ -163,7 +163,7 @@ def pair(model, dtype: torch.dtype, device: str, name: str) -> tuple[LM, LM]:
     m = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
     tok = IdTok(m.config.vocab_size)
     ours = attach_forward(LM(m, tok, name, dtype, torch.device(device)), "ours")
-    if ours.fwd is None:
+    if ours.forward_name != "ours":
         raise RuntimeError(ours.fallback)
     return ours, LM(m, tok, name, dtype, torch.device(device))
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..batch import chain_mask, rows as batch_rows
+from ..backend import Slots, chain_mask
 from ..models import LM
 from ..sampling import SamplingParams
 from .sweeps import ratios, rounds
@@ -76,14 +76,14 @@ def batch_cost(lm: LM, batches=(1, 4, 8), tokens=(1, 5), context: int = 16, reps
     for b in batches:
         if b < 1:
             raise ValueError(f"a batch needs at least one row, got {b}")
-        kv = batch_rows(lm, b)
+        kv = lm.backend.rows(b, False)
         kv.prefill(torch.randint(0, lm.n_tokens, (b, context), generator=g).tolist())
-        new = {n: [(torch.randint(0, lm.n_tokens, (n,), generator=g).tolist(), torch.arange(n), chain_mask(n))
+        new = {n: [Slots(torch.randint(0, lm.n_tokens, (n,), generator=g).tolist(), torch.arange(n), chain_mask(n))
                    for _ in range(b)] for n in tokens}
 
         def once(n: int) -> Callable[[], None]:
             def f():
-                kv.step(new[n])   # scored, none kept: the cache is as it was
+                kv.score(new[n])   # scored, none kept: the cache is as it was
                 kv.end_step()
             return f
         rows.append({"batch": b, "tokens": tokens, **paired(once(lo), once(hi), reps)})

@@ -20,10 +20,9 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..models import LM, ModelError, cache_kw, dynamic_cache
+from ..models import LM, ModelError
 from . import entry, load_weights, untrained, weights_for
 from .draft_model import CachedDraft
 from .vocab import DraftVocab
@@ -120,30 +119,18 @@ class EarlyExit(CachedDraft):
         w = target.model.get_output_embeddings().weight
         self.vocab = ex.vocab
         self.head_w = self.vocab.head(w) if self.vocab is not None else w   # [v, d]: the target's rows
-        self._kw = cache_kw(self.net)
-        self.fwd = None   # our forward over the same trunk blocks (shared with the target's) and the exit
-        if target.fwd is not None:
-            from ..forward import Dense, block_of
-            L = ex.layers
-            self.fwd = target.fwd.derive(target.fwd.blocks[:L] + [block_of(self.ex.layer)], self.ex.norm.weight,
-                                         Dense(self.head_w), self.vocab)
+        # the target's backend runs the same trunk blocks (shared with the target's) and the exit
+        self.be = target.backend.derive(self.net, ex.layers, self.ex.layer, self.ex.norm.weight, self.head_w,
+                                        self.vocab)
         self.default_k = default_k or getattr(ex, "default_k", None) or self.default_k
         super().__init__()
 
     def new_cache(self):
-        return self.fwd.new_cache() if self.fwd is not None else dynamic_cache(self.net.config)
-
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h, self.head_w).float()                                                   # [.., v]
-        return self.vocab.scatter(logits) if self.vocab is not None else logits                     # [.., V]
+        return self.be.new_cache()
 
     @torch.inference_mode()
     def run(self, ids: list[int]) -> torch.Tensor:
-        if self.fwd is not None:
-            return self.fwd.append(torch.tensor(ids), self.cache, last_only=True)[-1]
-        x = torch.tensor([ids], device=self.target.device)
-        h = self.net(input_ids=x, **{self._kw: self.cache}, use_cache=True).last_hidden_state[0, -1]  # [d]
-        return self._head(h)
+        return self.be.forward(torch.tensor(ids), self.cache, last_only=True)[-1]
 
     def details(self) -> dict:
         return {"exit_layer": self.ex.layers}

@@ -1,0 +1,355 @@
+"""The seam between the decoders and the forward that runs a model's weights.
+
+Two backends run the same weights: ours (forward.py: batch-invariant, a static KV cache with one committed
+length per row; the default) and transformers' own (`hf`, the reference: a growing DynamicCache). The decoders
+(engine.py, batch.py, the early exit drafter) ask a backend, never which one it is:
+
+  new_cache(batch)                          an empty KV cache
+  forward(ids, cache, last_only, hidden)    ids [n] after what the cache holds -> logits [n, V] (and hidden)
+  tree_forward(cache, ids, tree)            a candidate tree after the cache (Miao et al., "SpecInfer", 2024)
+  keep(cache, start, kept, row)             after a forward appended slots from `start`, keep start + kept
+  rows(B, hidden)                           B sequences decoded together: prefill, score (a chain or a tree
+                                            per row), commit, end_step (Rows: ours; Holes: transformers')
+  derive(...)                               a network over the target's first layers and an exit
+
+`Single` is one sequence through an LM's forward / tree_forward / keep, with either backend: what engine.py
+steps. Only this module tells the two backends apart (tests/test_architecture.py holds that).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .forward import Dense, Forward, block_of
+
+
+class Slots(NamedTuple):
+    """What one row sends through the target in a step, after its committed context."""
+    ids: list[int]          # [n] the pending token, then the drafts (a tree's nodes in tree order)
+    offs: torch.Tensor      # [n] position offsets after the context (a tree node's depth)
+    see: torch.Tensor       # [n, n] who sees whom among them (causal for a chain, ancestors for a tree)
+    tree: object = None     # the tree.Tree they are, or None for a chain
+
+
+def chain_mask(n: int) -> torch.Tensor:
+    """Who sees whom [n, n] among n slots in a chain (causal)."""
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+NOTHING = Slots([], torch.arange(0), chain_mask(0))   # a row that has finished
+
+
+def of(lm) -> "Ours | Theirs":
+    """The backend that runs `lm`: ours when attach_forward gave it our forward, else transformers'."""
+    return Ours(lm.fwd) if lm.fwd is not None else Theirs.of(lm)
+
+
+# ---------------------------------------------------------------- ours
+
+class Ours:
+    """Our forward (forward.py): rows of a static cache; rollback sets a length, a tree's path is compacted."""
+    name = "ours"
+
+    def __init__(self, fwd: Forward):
+        self.fwd = fwd
+
+    def new_cache(self, batch: int = 1):
+        return self.fwd.new_cache(batch)
+
+    def forward(self, ids: torch.Tensor, cache, last_only: bool = False, hidden: bool = False):
+        return self.fwd.append(ids, cache, last_only, hidden)
+
+    def tree_forward(self, cache, ids: torch.Tensor, tree) -> tuple[torch.Tensor, torch.Tensor]:
+        T, L = ids.numel(), cache.lens[0]
+        anc = [[L + j for j in [0] + tree.path_to(i)] if i else [L] for i in range(T)]
+        logits, h = self.fwd(ids, [0] * T, L + tree.depth, cache, slots=torch.arange(L, L + T), anc=anc,
+                             hidden=True)
+        cache.lens[0] = L + T
+        return logits, h
+
+    @torch.inference_mode()
+    def compact(self, cache, start: int, keep: torch.Tensor, row: int = 0) -> None:
+        cache.compact(row, start, keep)
+
+    def keep(self, cache, start: int, kept: list[int], row: int = 0) -> None:
+        if kept != list(range(len(kept))):
+            self.compact(cache, start, torch.tensor(kept), row)
+        else:
+            cache.set_length(row, start + len(kept))
+
+    def rows(self, B: int, hidden: bool) -> "Rows":
+        return Rows(self, B, hidden)
+
+    def derive(self, net, layers: int, layer: torch.nn.Module, norm_w: torch.Tensor, head_w: torch.Tensor,
+               vocab) -> "Ours":
+        """The first `layers` blocks (shared), then `layer`, a norm and a head: an early exit's network."""
+        return Ours(self.fwd.derive(self.fwd.blocks[:layers] + [block_of(layer)], norm_w, Dense(head_w), vocab))
+
+
+class Rows:
+    """B sequences in one static cache, each row at its own length: a row's new tokens go to the slots after
+    its committed ones, at their own positions, and what it keeps is its new length (a tree's accepted path
+    compacted into place). No padding enters any row's attention, and the forward is batch-invariant, so
+    every row's logits are bitwise those it would get decoded alone."""
+
+    def __init__(self, be: Ours, B: int, hidden: bool):
+        self.be, self.B, self.hidden = be, B, hidden
+        self.cache = be.new_cache(B)
+
+    def _run(self, ids, rows, pos, slots=None, anc=None, out_rows=None):
+        return self.be.fwd(torch.tensor(ids, dtype=torch.long), rows, torch.tensor(pos), self.cache,
+                           None if slots is None else torch.tensor(slots), anc,
+                           None if out_rows is None else torch.tensor(out_rows), hidden=True)
+
+    def prefill(self, rows: list[list[int]]):
+        """Each row at its own positions from slot 0 -> hidden [B, H] of each row's last token or None."""
+        flat = [t for r in rows for t in r]
+        for i, r in enumerate(rows):
+            self.cache.set_length(i, len(r))
+        if not flat:
+            return None
+        owner = [i for i, r in enumerate(rows) for _ in r]
+        pos = [j for r in rows for j in range(len(r))]
+        last = (torch.tensor([len(r) for r in rows]).cumsum(0) - 1).clamp(min=0)   # rows with no token: unused
+        _, h = self._run(flat, owner, pos, out_rows=last.tolist())
+        return h[last] if self.hidden else None
+
+    def score(self, new: list[Slots]):
+        """Per row its new slots -> per row (logits [n, V], hidden [n, H]), in one forward."""
+        ids, owner, pos, slots, anc, spans = [], [], [], [], [], []
+        for i, s in enumerate(new):
+            base, n = self.cache.lens[i], len(s.ids)
+            spans.append((len(ids), n))
+            ids += s.ids
+            owner += [i] * n
+            pos += (base + s.offs).tolist()
+            slots += range(base, base + n)
+            chain = bool(torch.equal(s.see, chain_mask(n)))
+            anc += [None if chain else [base + c for c in range(n) if s.see[j, c]] for j in range(n)]
+        logits, h = self._run(ids, owner, pos, slots, anc if any(x is not None for x in anc) else None)
+        self.base = list(self.cache.lens)
+        return [(logits[a:a + n], h[a:a + n]) for a, n in spans]
+
+    def commit(self, i: int, kept: list[int]) -> None:
+        self.be.keep(self.cache, self.base[i], kept, row=i)
+
+    def end_step(self) -> None:
+        pass
+
+    def slots(self) -> tuple[int, list[int]]:
+        """(cache slots per row, committed entries per row)."""
+        return max(self.cache.lens), list(self.cache.lens)
+
+
+# ---------------------------------------------------------------- transformers'
+
+def dynamic_cache(config):
+    """transformers' growing KV cache (older releases take no config)."""
+    from transformers import DynamicCache
+    try:
+        return DynamicCache(config=config)
+    except TypeError:
+        return DynamicCache()
+
+
+def cache_kw(module) -> str:
+    """The name `module.forward` gives its KV cache argument: transformers 5.2x says `cache`, earlier 5.x and
+    4.x say `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+class Theirs:
+    """transformers' forward: a DynamicCache that grows by what is run and is cropped (or a tree's path
+    compacted) on rollback. `model` (the causal LM) may be None: then `dec` and `head` run it."""
+    name = "hf"
+
+    def __init__(self, model, dec, head, cut, dtype: torch.dtype, device: torch.device, config):
+        self.model, self.dec, self.head, self.cut = model, dec, head, cut
+        self.dtype, self.device, self.config = dtype, device, config
+
+    @classmethod
+    def of(cls, lm) -> "Theirs":
+        m = lm.model
+        return cls(m, m.get_decoder(), lambda h: lm.cut(m.get_output_embeddings()(h).float()), lm.cut, lm.dtype,
+                   lm.device, m.config)
+
+    def new_cache(self, batch: int = 1):
+        return dynamic_cache(self.config)
+
+    def run(self, cache, last_only: bool = False, hidden: bool = False, **kw):
+        """[B, n] inputs after what `cache` holds (kw: input_ids or inputs_embeds, attention_mask, position_ids)
+        -> (logits [B, n or 1, V] float32, final-norm hidden [B, n, H] or None)."""
+        if not hidden and self.model is not None:
+            out = self.model(logits_to_keep=int(last_only), use_cache=True, **kw, **{cache_kw(self.model): cache})
+            return self.cut(out.logits.float()), None
+        h = self.dec(use_cache=True, **kw, **{cache_kw(self.dec): cache}).last_hidden_state
+        return self.head(h[:, -1:] if last_only else h), h
+
+    def forward(self, ids: torch.Tensor, cache, last_only: bool = False, hidden: bool = False):
+        logits, h = self.run(cache, last_only, hidden, input_ids=ids.view(1, -1).to(self.device))
+        return (logits[0], h[0]) if hidden else logits[0]
+
+    def tree_forward(self, cache, ids: torch.Tensor, tree) -> tuple[torch.Tensor, torch.Tensor]:
+        T, L, dev = ids.numel(), cache.get_seq_length(), self.device
+        emb = self.dec.get_input_embeddings()(ids.view(1, -1).to(dev))                  # [1, T, H]
+        seen = torch.ones(T, L + T, dtype=torch.bool, device=dev)
+        seen[:, L:] = tree.mask.to(dev)
+        mask = torch.zeros(1, 1, T, L + T, dtype=emb.dtype, device=dev)
+        mask.masked_fill_(~seen, torch.finfo(emb.dtype).min)                             # additive: eager and sdpa
+        pos = (L + tree.depth).view(1, -1).to(dev)
+        logits, h = self.run(cache, hidden=True, inputs_embeds=emb, attention_mask=mask, position_ids=pos)
+        return logits[0], h[0]
+
+    @torch.inference_mode()
+    def compact(self, cache, start: int, keep: torch.Tensor, row: int = 0) -> None:
+        for layer in cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            idx = (start + keep).to(layer.keys.device)
+            n = keep.numel()
+            layer.keys[..., start:start + n, :] = layer.keys[..., idx, :]   # gather first (a copy), then write
+            layer.values[..., start:start + n, :] = layer.values[..., idx, :]
+            layer.keys = layer.keys[..., :start + n, :]
+            layer.values = layer.values[..., :start + n, :]
+
+    def keep(self, cache, start: int, kept: list[int], row: int = 0) -> None:
+        if kept != list(range(len(kept))):
+            self.compact(cache, start, torch.tensor(kept), row)
+        elif (drop := cache.get_seq_length() - start - len(kept)) > 0:
+            cache.crop(-drop)
+
+    def rows(self, B: int, hidden: bool) -> "Holes":
+        return Holes(self, B, hidden)
+
+    def derive(self, net, layers: int, layer: torch.nn.Module, norm_w: torch.Tensor, head_w: torch.Tensor,
+               vocab) -> "Theirs":
+        """`net` (a decoder over the first layers, `layer` and its norm) and the head rows `head_w` (a draft
+        vocabulary's, scattered back to the whole one)."""
+        def head(h: torch.Tensor) -> torch.Tensor:
+            logits = F.linear(h, head_w).float()                                              # [.., v]
+            return vocab.scatter(logits) if vocab is not None else logits                     # [.., V]
+        return Theirs(None, net, head, lambda x: x, self.dtype, self.device, net.config)
+
+
+def _mask(valid: torch.Tensor, attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """4D additive mask [B, 1, L, S+L]: in row b, new query j sees b's valid cached slots and the new slots
+    attend[b, j] allows (those before it for a chain, its ancestors for a tree).
+
+    Each query also sees its own slot, so no row is fully masked (a padding query would otherwise give NaNs
+    that leak into its keys and values)."""
+    B, S = valid.shape
+    L = attend.shape[1]
+    new = attend | torch.eye(L, dtype=torch.bool, device=valid.device)[None]             # [B, L, L]
+    allowed = torch.cat([valid[:, None, :].expand(B, L, S), new], dim=-1)              # [B, L, S+L]
+    m = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
+    return m.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+class Holes:
+    """B sequences in one DynamicCache with right-aligned prompts; ragged acceptance leaves *holes* instead of
+    re-packing. Each step appends the same number of slots to every row (the longest row's pending token and
+    drafts), and a per-row validity mask marks the slots that hold committed tokens: rejected drafts, a tree's
+    other nodes and padding stay in the cache but are masked out of every later query, and each row carries its
+    own position ids, so every sequence sees exactly its own tokens at their own positions. Slots invalid in
+    every row at the tail are cropped after each step."""
+
+    def __init__(self, be: Theirs, B: int, hidden: bool):
+        self.be, self.B, self.hidden = be, B, hidden
+        self.cache = be.new_cache()
+        self.valid = None                                                       # [B, S] committed slots
+
+    def _forward(self, ids, attend, position_ids, valid, last_only=False):
+        dev = self.be.device
+        with torch.inference_mode():
+            return self.be.run(self.cache, last_only, self.hidden, input_ids=ids.to(dev),
+                               attention_mask=_mask(valid, attend, self.be.dtype), position_ids=position_ids.to(dev))
+
+    def prefill(self, rows: list[list[int]]):
+        """Left-padded so every prompt ends in the last slot -> hidden [B, H] of each row's last token or None."""
+        dev, B, P = self.be.device, self.B, max(len(r) for r in rows)
+        ids = torch.zeros(B, P, dtype=torch.long)
+        pvalid = torch.zeros(B, P, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            ids[i, P - len(r):] = torch.tensor(r, dtype=torch.long)
+            pvalid[i, P - len(r):] = True
+        pvalid = pvalid.to(dev)
+        self.valid, self.pos = pvalid, pvalid.long().sum(1)                     # [B, S], [B] next position
+        if not P:
+            return None
+        ppos = (pvalid.long().cumsum(1) - 1).clamp(min=0)
+        _, h = self._forward(ids, chain_mask(P).to(dev)[None] & pvalid[:, None, :], ppos, pvalid[:, :0], True)
+        return None if h is None else h[:, -1]
+
+    def score(self, new: list[Slots]):
+        """Per row its new slots -> per row (logits [n, V], hidden [n, H] or None), in one forward."""
+        dev, B = self.be.device, self.B
+        L = max(len(s.ids) for s in new)
+        ids = torch.zeros(B, L, dtype=torch.long)
+        offs = torch.zeros(B, L, dtype=torch.long)
+        attend = torch.zeros(B, L, L, dtype=torch.bool)
+        for i, s in enumerate(new):
+            n = len(s.ids)
+            ids[i, :n] = torch.tensor(s.ids, dtype=torch.long)
+            offs[i, :n], attend[i, :n, :n] = s.offs, s.see
+        logits, h = self._forward(ids, attend.to(dev), self.pos[:, None] + offs.to(dev), self.valid)   # [B, L, V]
+        self.keep = torch.zeros(B, L, dtype=torch.bool)
+        return [(logits[i, :len(s.ids)], None if h is None else h[i, :len(s.ids)]) for i, s in enumerate(new)]
+
+    def commit(self, i: int, kept: list[int]) -> None:
+        """Row i keeps these of its new slots (in order): they become valid, the rest are holes."""
+        if not kept:
+            return
+        self.keep[i, kept] = True
+        self.pos[i] += len(kept)
+
+    def end_step(self) -> None:
+        self.valid = torch.cat([self.valid, self.keep.to(self.be.device)], dim=1)
+        tail = int((~self.valid).flip(1).long().cumprod(1).sum(1).min())     # slots empty in every row at the end
+        if tail:
+            self.cache.crop(-tail)
+            self.valid = self.valid[:, :self.valid.shape[1] - tail]
+
+    def slots(self) -> tuple[int, list[int]]:
+        """(cache slots per row, holes included; committed entries per row)."""
+        return self.valid.shape[1], self.valid.sum(1).tolist()
+
+
+# ---------------------------------------------------------------- one sequence, either backend
+
+class Single:
+    """One sequence through an LM's own forward and cache: the engine's batch of one. A chain's rejected
+    drafts are the cache's tail (a crop), a tree's path is compacted into place."""
+    B = 1
+
+    def __init__(self, lm, hidden: bool):
+        self.lm, self.hidden = lm, hidden
+        self.cache = lm.new_cache()
+
+    def prefill(self, rows: list[list[int]]):
+        """All the prompt but its pending token, in one pass -> hidden [1, H] of its last token, or None."""
+        if not rows[0]:
+            return None
+        out = self.lm.forward(torch.tensor(rows[0]), self.cache, last_only=True, hidden=self.hidden)
+        return out[1][-1:] if self.hidden else None
+
+    def score(self, new: list[Slots]):
+        """[the row's new slots] -> [(logits [n, V], final-norm hidden [n, H] or None)], in one forward."""
+        s = new[0]
+        self.base = self.cache.get_seq_length()
+        if s.tree is not None:
+            return [self.lm.tree_forward(self.cache, torch.tensor(s.ids, dtype=torch.long), s.tree)]
+        out = self.lm.forward(torch.tensor(s.ids), self.cache, hidden=self.hidden)
+        return [out if self.hidden else (out, None)]
+
+    def commit(self, i: int, kept: list[int]) -> None:
+        self.lm.backend.keep(self.cache, self.base, kept)
+
+    def end_step(self) -> None:
+        pass
+
+    def slots(self) -> tuple[int, list[int]]:
+        n = self.cache.get_seq_length()
+        return n, [n]
