@@ -334,7 +334,7 @@ def noise_note(rows: list[dict]) -> None:
 
 TABLE_NAMES = {"drafter": "Drafter", "temperature": "Temperature", "k": "k", "batch_size": "Batch size",
                "acceptance_rate": "Acceptance", "acceptance_lo": "Acceptance 95% low",
-               "acceptance_hi": "Acceptance 95% high", "mean_acceptance_length": "Tokens per step",
+               "acceptance_hi": "Acceptance 95% high", "mean_acceptance_length": "Mean acceptance length",
                "tokens_per_s": "Tokens/s (spec)", "baseline_tokens_per_s": "Tokens/s (plain)",
                "speedup": "Speedup (median)", "speedup_min": "Speedup min", "speedup_max": "Speedup max",
                "noisy": "Noisy", "tokens": "Tokens", "drafted": "Drafted", "accepted": "Accepted",

@@ -72,7 +72,7 @@ def workload_table(r: list[dict]) -> pd.DataFrame:
         "Workload": x["workload"], "Lesson expects": x["expected"], "Drafter (T)": f"{x['drafter']} "
         f"({x['temperature']:g})", "Acceptance (95% interval)": "not measured here" if x["acceptance"] is None
         else f"{x['acceptance']:.0%} ({x['acceptance_lo']:.0%}–{x['acceptance_hi']:.0%})",
-        "Tokens per step": "" if x["tokens per step"] is None else f"{x['tokens per step']:.2f}",
+        "Mean acceptance length": "" if x["mean acceptance length"] is None else f"{x['mean acceptance length']:.2f}",
         "Agrees": {True: "yes", False: "no", None: "see section 6"}[x["agrees"]],
         "Why": (f"{x['drafter']}: {x['why this drafter']}. " if x["agrees"] is not None else "")
         + f"{x['note'][0].upper()}{x['note'][1:]}."}

@@ -67,7 +67,7 @@ def figure(rows: list[dict]) -> go.Figure:
     if not rows:
         return measure.layout(go.Figure(), 480)
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07,
-                        subplot_titles=["speedup (×): measured vs predicted", "tokens per step",
+                        subplot_titles=["speedup (×): measured vs predicted", "mean acceptance length",
                                         "acceptance at each draft position"])
     th = theory(rows)
     kmax = max(max(ks, default=1), max(r["k"] for r in rows))

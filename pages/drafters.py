@@ -92,7 +92,7 @@ df["same"] = df["same_tokens_as_baseline"].map({True: "yes", False: "no", None: 
 df["reference"] = [REF.get(n, {}).get("speedup") if ref else None for n in df["drafter"]]
 out = df[["drafter", "k", "acceptance_rate", "tokens_per_step", "draft_ms", "score_ms", "other_ms", "step_ms",
           "plain_step_ms", "c", "speedup", "speedup_min", "speedup_max", "noisy", "same", "reference"]]
-out = out.rename(columns={"acceptance_rate": "Acceptance", "tokens_per_step": "Tokens per step",
+out = out.rename(columns={"acceptance_rate": "Acceptance", "tokens_per_step": "Mean acceptance length",
                           "draft_ms": "Draft ms/step", "score_ms": "Verify pass ms/step",
                           "other_ms": "Other ms/step", "step_ms": "Step ms", "plain_step_ms": "Plain step ms",
                           "c": "c (draft / plain step, per position)", "same": "Same tokens as plain",

@@ -14,7 +14,7 @@ from specdec_core.bench import sweeps
 from specdec_core.serving import checklist, engines, peer, remote
 
 # our name for each metric where it differs from the engines' (vLLM's) vocabulary
-OURS = {"mean acceptance length": "tokens per step (committed per verification step; vLLM: mean acceptance length)"}
+OURS = {"mean acceptance length": "mean acceptance length (tokens committed per verification step)"}
 st.title("Road to production")
 s = sidebar.current()
 st.markdown(f"Current settings: **{s.summary()}**. Change them in the sidebar; everything below follows.")

@@ -154,7 +154,7 @@ def board():
             f"Speculative decoding: **{tm['tokens_per_s']:.1f} tokens/s** against **{tm['baseline_tokens_per_s']:.1f}**"
             f" plain, a speedup of **{tm['speedup']:.2f}×**{spread}, using {q.target_forwards} target forward "
             f"passes instead of {p.target_forwards}. Acceptance rate {q.acceptance_rate:.0%}, "
-            f"{q.mean_acceptance_length:.2f} tokens per step."
+            f"mean acceptance length {q.mean_acceptance_length:.2f} tokens per step."
             + (" Both texts are identical, as they must be at temperature 0." if same and greedy else ""))
         if not same and greedy:
             st.info("At temperature 0 the two texts differ: a near-tie between two tokens was broken differently "

@@ -15,7 +15,7 @@ KEY = "measure_temperature"
 DRAFTING = {"sample": "sampled", "greedy": "greedy", "both": "both, side by side"}
 MODEL_DRAFTS = drafters.MODEL_DRAFTS   # a drafting mode (greedy or sampled guesses) applies to these
 TEMPS = [0.0, 0.25, 0.5, 0.6, 0.75, 1.0, 1.2, 1.25, 1.5]
-PANELS = [("acceptance_rate", "acceptance rate", ".0%"), ("mean_acceptance_length", "tokens per step", ".2f"),
+PANELS = [("acceptance_rate", "acceptance rate", ".0%"), ("mean_acceptance_length", "mean acceptance length", ".2f"),
           ("speedup", "speedup (×)", ".2f")]
 measure.settle(KEY, temp_workload=measure.workload_or_first("creative"), temp_prompts=3, temp_max_new=32,
                temp_drafting="sample")

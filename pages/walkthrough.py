@@ -133,7 +133,7 @@ the continuation of an n-gram already in the context: no network at all. Each is
         c = st.columns(3)
         c[0].metric("drafter", name)
         c[1].metric("acceptance rate", f"{m.acceptance_rate:.0%}")
-        c[2].metric("tokens per step", f"{m.mean_acceptance_length:.2f}",
+        c[2].metric("mean acceptance length", f"{m.mean_acceptance_length:.2f}",
                     help="Tokens committed per verification step (one target pass), the bonus token counted; "
                          "plain decoding makes 1.")
         chips(recs)
@@ -188,7 +188,7 @@ measuring rule, is on the **Workloads** page.""")
                                   tokens=TOKENS))
     if r is not None:
         st.table(walk.workload_table(r))
-        st.caption("Tokens per step: tokens committed per verification step, the bonus token counted (plain "
+        st.caption("Mean acceptance length: tokens committed per verification step, the bonus token counted (plain "
                    "decoding makes 1). A row agrees when its acceptance's 95% interval reaches the band its "
                    "category needs with a cheap draft of 4 (High 50% or more, Moderate 25–50%, Low under 25%).")
     quiz("workloads", "Why does high-temperature creative writing gain little?",

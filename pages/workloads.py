@@ -108,7 +108,7 @@ def row(r: dict) -> dict:
             "Expected benefit (lesson)": r["expected"], "Measured benefit": r["benefit"],
             "Lands": "yes" if r["lands"] else "no", "Why it differs (measured)": r["why"],
             "Speedup": r["speedup"], "Reference speedup": rf.get("speedup"),
-            "Acceptance rate": r["acceptance_rate"], "Tokens per step": r["mean_acceptance_length"],
+            "Acceptance rate": r["acceptance_rate"], "Mean acceptance length": r["mean_acceptance_length"],
             "Draft ms/step": r.get("draft_ms"), "Verify ms/step": r.get("score_ms"),
             "Other ms/step": (r["verify_ms"] + r["commit_ms"] + r["bookkeeping_ms"]) if "draft_ms" in r else None,
             "Step ms": r.get("step_ms"), "Plain step ms": r.get("plain_step_ms"),
@@ -167,7 +167,7 @@ for _, r in df[df["Lands"] == "no"].iterrows():
 st.markdown("**Where the time went**, per row: the draft's ms and the verify pass's ms in one speculative step, "
             "against one plain step (a batch row: one whole batch step). Speedup ≈ tokens per step × plain step "
             "ms / step ms, so good acceptance loses when the step costs more than the tokens it adds.")
-times = df[["Workload", "Drafter", "Acceptance rate", "Tokens per step", "Draft ms/step", "Verify ms/step",
+times = df[["Workload", "Drafter", "Acceptance rate", "Mean acceptance length", "Draft ms/step", "Verify ms/step",
             "Other ms/step", "Step ms", "Plain step ms", "Speedup"]]
 st.dataframe(times.round(3), hide_index=True, width="stretch")
 st.markdown(
@@ -180,6 +180,6 @@ st.markdown(
     "acceptance rate is not a failure: it is the workload telling you it is not predictable enough to draft.")
 num = df.select_dtypes("number").columns
 MAIN = ["Workload", "Drafter", "Expected benefit (lesson)", "Measured benefit", "Lands", "Speedup",
-        "Reference speedup", "Speedup min", "Speedup max", "Noisy", "Acceptance rate", "Tokens per step",
+        "Reference speedup", "Speedup min", "Speedup max", "Noisy", "Acceptance rate", "Mean acceptance length",
         "Identical outputs", "Why it differs (measured)"]
 measure.table(df.drop(columns=["name", "point"]).round({c: 3 for c in num}), "workloads", main=MAIN)

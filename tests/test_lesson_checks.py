@@ -209,6 +209,6 @@ def test_checklist_keeps_speculation_off_where_acceptance_is_low():
     hi.timing = ratios([2.0, 1.0, 3.0], [1.0, 1.0, 1.0])
     assert hi.decision()[0] is None and "noisy: rerun" in checklist.verdict(res)
     table = checklist.table(res)
-    assert list(table["speculation"]) == ["rerun", "off"] and "tokens per step" in table
+    assert list(table["speculation"]) == ["rerun", "off"] and "mean acceptance length" in table
     with pytest.raises(ValueError, match="at least one prompt"):
         checklist.run(lm, lambda: None, [], 4, 8)

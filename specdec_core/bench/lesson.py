@@ -87,7 +87,7 @@ def check(lm: LM, workloads: list[Workload], make: Callable[[str], object], toke
         rows.append({"workload": w.label, "expected": w.expected, "drafter": w.drafter,
                      "why this drafter": WHY_DRAFTER.get(w.drafter, ""), "temperature": w.temperature,
                      "acceptance": accepted / drafted if drafted else None, "acceptance_lo": lo, "acceptance_hi": hi,
-                     "drafted": drafted, "tokens per step": committed / steps if steps else None,
+                     "drafted": drafted, "mean acceptance length": committed / steps if steps else None,
                      "agrees": ok, "note": note})
     return rows
 

@@ -98,7 +98,7 @@ def table(results: list[PromptResult], by_prompt: bool = False) -> pd.DataFrame:
         rows.append({"prompt": f"prompt {n}", "tokens": r.spec.tokens,
                      "greedy tokens": difference(r.base_ids, r.spec_ids),
                      "acceptance rate": round(r.spec.acceptance_rate, 3),
-                     "tokens per step": round(r.spec.mean_acceptance_length, 2),
+                     "mean acceptance length": round(r.spec.mean_acceptance_length, 2),
                      "TTFT ms (plain / spec)": f"{r.base.ttft_s * 1e3:.0f} / {r.spec.ttft_s * 1e3:.0f}",
                      "TPOT ms (plain / spec)": f"{r.base.tpot_s * 1e3:.1f} / {r.spec.tpot_s * 1e3:.1f}",
                      "tokens/s (plain / spec)": f"{r.base.tokens_per_s:.1f} / {r.spec.tokens_per_s:.1f}",
