@@ -155,8 +155,10 @@ e3, e4, e5 = st.columns(3)
 ep_model = e3.text_input("Model name (empty: the server's first)", "", key="ep_model")
 ep_tokens = e4.number_input("Max tokens", 1, 4096, 64, key="ep_tokens")
 ep_timeout = e5.number_input("Timeout, seconds per wait", 1, 600, 30, key="ep_timeout")
-ep_prompts = st.text_area("Prompts, one per line", "\n".join(p for _, p in pool[:3]), key="ep_prompts", height=110)
-lines = [x.strip() for x in ep_prompts.splitlines() if x.strip()]
+ep_prompts = st.text_area("Prompts, one per line", remote.prompts_text([p for _, p in pool[:3]]), key="ep_prompts",
+                          height=110, help="One prompt per line; a line break inside a prompt is written `\\n` "
+                                           "(a backslash `\\\\`), so a prompt with a blank line stays one prompt.")
+lines = remote.parse_prompts(ep_prompts)
 ss = st.session_state
 
 

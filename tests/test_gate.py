@@ -99,6 +99,35 @@ def test_places_in_line_and_estimates_are_reported_while_waiting():
     assert not gate.busy() and gate.served == 3
 
 
+def test_the_estimate_follows_contested_turns_not_a_long_run_alone():
+    """A run alone holds the gate to its end (2 s here); a waiter arriving later waits one turn, turn_s plus the
+    unit under way. The estimate it is shown must be about that wait, not the lone run's length (the old mean of
+    recent turns said 2 s for a wait of ~0.2 s); after contested turns, their measured overrun is the unit."""
+    gate = Gate(turn_s=0.1)
+
+    def units(n, s):
+        for i in range(n):
+            time.sleep(s)
+            yield i
+    assert list(Gated(gate, units(10, 0.2), who="alone")) == list(range(10))   # uncontested: nothing measured
+    assert gate.overrun() == pytest.approx(0.1) and gate.turn() == pytest.approx(0.2)
+
+    long = threading.Thread(target=lambda: list(Gated(gate, units(20, 0.05), who="long")))
+    long.start()
+    while not gate.busy():
+        time.sleep(0.001)
+    time.sleep(0.03)
+    seen, t0 = [], time.monotonic()
+    with gate.hold("short", on_wait=lambda place, eta: seen.append(eta)) as t:
+        waited = time.monotonic() - t0
+        assert t.first_wait == pytest.approx(waited, abs=0.05)
+    long.join(10)
+    assert seen and seen[0] < 0.5, seen          # about turn_s + a unit, never the lone run's 2 s
+    assert waited < 0.8 and abs(seen[0] - waited) < 0.4, (seen[0], waited)   # margins for a busy machine
+    # the contested turns measured: the overrun is about one unit of 0.05 s
+    assert gate.overruns and 0.0 <= gate.overrun() < 0.15
+
+
 def test_a_generator_closed_mid_run_gives_the_gate_back():
     gate = Gate(turn_s=60.0)
     closed = []

@@ -332,6 +332,21 @@ def test_the_checklist_against_live_llama_cpp_servers(tmp_path):
     assert remote.report_csv(rep).count("\n") == 1 + len(prompts)
 
 
+def test_the_prompt_box_keeps_a_prompt_with_a_blank_line_whole():
+    """One prompt per line, a line break inside one written \\n: the extraction preset (two paragraphs) is one
+    prompt, the box's text reads back to exactly the prompts written, and a typed list splits on lines."""
+    from app.sidebar import PRESETS
+    presets = [w.prompts[0] for w in PRESETS.values()]
+    assert any("\n\n" in x for x in presets)    # the case that split 3 prompts into 4
+    odd = ["two\n\nparagraphs", "a backslash \\ and a literal \\n", "ends in a break\n"]
+    for ps in (presets, odd):
+        text = remote.prompts_text(ps)
+        assert len(text.split("\n")) == len(ps) and remote.parse_prompts(text) == ps
+    assert remote.parse_prompts("Say hi.\n\n  Say bye.  \r\n") == ["Say hi.", "Say bye."]
+    assert remote.parse_prompts("line one\\nline two\\\\n") == ["line one\nline two\\n"]
+    assert remote.parse_prompts(" \n\n") == []
+
+
 def test_the_production_page_runs_the_live_check_and_keeps_the_report_when_a_server_is_down():
     from streamlit.testing.v1 import AppTest
     dead = f"http://127.0.0.1:{free_port()}/v1"
@@ -342,6 +357,9 @@ def test_the_production_page_runs_the_live_check_and_keeps_the_report_when_a_ser
         assert not at.exception, at.exception
         if MISSING:   # the peer section says how to install it
             assert any("make peers" in i.value for i in at.info)
+        from app.sidebar import PRESETS   # the box's default: the first three presets, one prompt each
+        assert remote.parse_prompts(at.text_area(key="ep_prompts").value) == [
+            w.prompts[0] for w in list(PRESETS.values())[:3]]
         at.text_input(key="ep_off").input(dead)
         at.text_input(key="ep_on").input(on)
         at.text_area(key="ep_prompts").input("Say hi.\nSay bye.")

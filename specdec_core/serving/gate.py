@@ -4,8 +4,11 @@ On a small CPU two decodes at once only share the cores and both slow down, so m
 run holds the gate while it calls the model and, at safe points between units of work (decode steps, runs of
 a sweep), goes to the back of the line once it has held the gate for a turn (`turn_s`) and someone is waiting.
 Turns therefore go round-robin over the waiting runs, first come first served: a long run cannot starve a
-short one that arrived after it. Each waiter can read its place in line and an estimate of its wait, from the
-length of recent turns.
+short one that arrived after it. Each waiter can read its place in line and an estimate of its wait: every
+turn ahead of it is a turn while someone waits, which ends at the first safe point after `turn_s`, so the
+estimate is `turn_s` plus the measured overrun of recent contested turns (how long a holder went on past its
+due time before handing over). A turn nobody waited for is left out: a run alone at the model holds it to
+its end, and that length says nothing about the wait in a line.
 
 A turn is always given back: `Gated` releases when its items run out, fail or are closed (a Stop, a rerun),
 and a holder whose thread has ended is dropped, so a run abandoned without a close cannot hold the line.
@@ -21,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 OnWait = Callable[[int, float], None] | None   # (place in line, 1 = next; estimated seconds), while waiting
 POLL_S = 0.5   # how often a waiter re-reads its place (and its holder's liveness)
+UNIT_GUESS_S = 0.1   # the overrun taken before any is measured: about one decode step of a small model on a CPU
 
 
 class Gate:
@@ -33,7 +37,8 @@ class Gate:
         self.cv = threading.Condition()
         self.line: list[Ticket] = []       # waiting, next first
         self.holder: Ticket | None = None
-        self.turns: deque[float] = deque(maxlen=window)   # lengths of recent turns, seconds
+        self.overruns: deque[float] = deque(maxlen=window)   # recent contested turns' seconds past their due time
+        self.contested_at: float | None = None   # when someone first waited during the current turn
         self.served = 0                    # turns given, for tests and reports
         self.finished: deque[dict] = deque(maxlen=8 * window)   # one summary per closed Gated, for reports
 
@@ -58,9 +63,14 @@ class Gate:
         with self.cv:
             return self.holder is not None
 
-    def mean_turn(self) -> float:
-        """Mean length of recent turns; before any, the turn length (or a guess of one decode step)."""
-        return sum(self.turns) / len(self.turns) if self.turns else max(self.turn_s, 0.05)
+    def overrun(self) -> float:
+        """Mean seconds a recent contested turn ran past its due time (its last unit of work); before any, a guess
+        of one decode step."""
+        return sum(self.overruns) / len(self.overruns) if self.overruns else UNIT_GUESS_S
+
+    def turn(self) -> float:
+        """Expected length of a turn while someone waits: turn_s, then the unit of work under way."""
+        return self.turn_s + self.overrun()
 
     # -- under self.cv ------------------------------------------------------------------------------------------
 
@@ -70,14 +80,30 @@ class Gate:
             self._end(h)   # its thread is gone without giving the turn back
 
     def _end(self, t: Ticket) -> None:
-        self.turns.append(time.monotonic() - t.since)
-        self.holder = None
+        if self.contested_at is not None:   # someone waited: how long past its due time did it go on?
+            self.overruns.append(max(0.0, time.monotonic() - self._due(t)))
+        self.holder, self.contested_at = None, None
         self.cv.notify_all()
 
+    def _due(self, h: Ticket) -> float:
+        """When the holder's turn is due to end: turn_s after it began, or when someone first waited if later."""
+        return max(h.since + self.turn_s, self.contested_at or h.since)
+
     def _eta(self, t: Ticket) -> float:
-        mean = self.mean_turn()
-        now = 0.0 if self.holder is None else max(0.0, mean - (time.monotonic() - self.holder.since))
-        return now + self.line.index(t) * mean
+        """Seconds until t holds the gate: the holder's due time plus its overrun, then one turn per ticket ahead."""
+        left = 0.0 if self.holder is None else max(0.0, self._due(self.holder) + self.overrun() - time.monotonic())
+        return left + self.line.index(t) * self.turn()
+
+    def _join(self, t: Ticket) -> None:
+        self.line.append(t)
+        if self.holder is not None and self.contested_at is None:
+            self.contested_at = time.monotonic()
+
+    def _leave(self, t: Ticket) -> None:
+        self.line.remove(t)
+        if not self.line:
+            self.contested_at = None   # nobody waits any more: the turn is no longer due
+        self.cv.notify_all()
 
 
 class Ticket:
@@ -111,7 +137,7 @@ class Ticket:
             if self.held:
                 return
             self.asked = time.monotonic()
-            g.line.append(self)
+            g._join(self)
         try:
             while True:
                 with g.cv:
@@ -125,15 +151,13 @@ class Ticket:
         except BaseException:
             with g.cv:
                 if self in g.line:
-                    g.line.remove(self)
-                    g.cv.notify_all()   # the next one may be first now
+                    g._leave(self)   # the next one may be first now
             raise
 
     def release(self) -> None:
         with self.gate.cv:
             if self in self.gate.line:
-                self.gate.line.remove(self)
-                self.gate.cv.notify_all()
+                self.gate._leave(self)
             if self.held:
                 self.gate._end(self)
 
@@ -164,6 +188,7 @@ class Ticket:
             return False
         g.line.pop(0)
         g.holder, g.served = self, g.served + 1
+        g.contested_at = time.monotonic() if g.line else None
         self.thread, self.since = threading.current_thread(), time.monotonic()
         wait = self.since - self.asked
         if self.turns == 0:

@@ -30,6 +30,33 @@ from .checklist import md_table
 from .endpoint import EndpointError, SpecCounters, Streamed
 
 
+def prompts_text(prompts: list[str]) -> str:
+    """Prompts -> the prompt box's text: one prompt per line, a line break inside a prompt written as the two
+    characters `\\n` (a backslash as `\\\\`), so a prompt with a blank line stays one prompt."""
+    return "\n".join(p.replace("\\", "\\\\").replace("\n", "\\n") for p in prompts)
+
+
+def parse_prompts(text: str) -> list[str]:
+    """The prompt box's text -> prompts (prompts_text's inverse): one per non-blank line, `\\n` a line break
+    inside it, `\\\\` a backslash; any other backslash is kept as typed."""
+    out = []
+    for line in text.split("\n"):
+        line = line.strip()   # the box's own edges (and a pasted "\r"); an escaped break is kept
+        if not line:
+            continue
+        chars, i = [], 0
+        while i < len(line):
+            two = line[i:i + 2]
+            if two in ("\\n", "\\\\"):
+                chars.append("\n" if two == "\\n" else "\\")
+                i += 2
+            else:
+                chars.append(line[i])
+                i += 1
+        out.append("".join(chars))
+    return out
+
+
 @dataclass
 class Phase:
     """One server's side: what it answered for each prompt and repeat (None where it was not reached)."""
