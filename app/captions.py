@@ -50,8 +50,9 @@ def tree_caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
     view, src = rec.tree, DESCRIPTIONS.get(rec.drafter, rec.drafter)
     if f.phase == DRAFT:
         conf = CONF.get(rec.drafter)
-        return (f"<b>Draft a tree.</b> The drafter ({src}) proposes <b>{view.drafted} candidates</b> over "
-                f"{view.depth} positions: position {f.shown} of {view.depth} shown. Siblings are alternatives for "
+        return (f"<b>Draft a tree.</b> The drafter ({src}) proposes <b>{count(view.drafted, 'candidate')}</b> over "
+                f"{count(view.depth, 'position')}: position {f.shown} of {view.depth} shown. Siblings are "
+                "alternatives for "
                 "the same position, ranked (the first choice on top, tried first); each path from the root is "
                 "one possible continuation. " + (f"Grey numbers: {conf}. " if conf else "") +
                 "The candidates are the drafter's top choices, picked, not sampled, so verification treats each "

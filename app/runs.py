@@ -21,7 +21,7 @@ from specdec_core.drafters.suffix import SuffixIndex
 from specdec_core.metrics import RunMetrics, summarize
 from specdec_core.records import StepRecord
 
-from . import limits, turns
+from . import captions, limits, turns
 
 
 
@@ -53,7 +53,7 @@ class Settings:
         k += f" ({self.k_policy})" if e.policy(self.k_policy) != "fixed" else ""
         d += " · greedy drafting" if self.draft_sampling == "greedy" and e.reports_q else ""
         return (f"{d}{k} · temperature {self.temperature:g} · top-p {self.top_p:g} · seed {self.seed} · "
-                f"up to {self.max_new_tokens} tokens")
+                f"up to {captions.count(self.max_new_tokens, 'token')}")
 
 
 @dataclass

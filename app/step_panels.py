@@ -70,10 +70,12 @@ def drafter_info(rec: StepRecord, verdict: bool = True) -> None:
         bits.append(f"matched a {info['ngram']}-token n-gram at position {info.get('match_at', '?')}")
     if info.get("match"):
         n = info.get("occurrences", 0)
-        bits.append(f"the last {info['match']} tokens were seen {n} time{'s' if n != 1 else ''} before in this "
+        bits.append(f"the last {captions.count(info['match'], 'token')} were seen {captions.count(n, 'time')} "
+                    "before in this "
                     "session; their continuations make the tree")
     if rec.tree is not None:
-        bits.append(f"a tree of {rec.tree.drafted} candidates over {rec.tree.depth} positions"
+        bits.append(f"a tree of {captions.count(rec.tree.drafted, 'candidate')} over "
+                    f"{captions.count(rec.tree.depth, 'position')}"
                     + (f"; the accepted path kept {len(rec.tree.path)}" if verdict else ""))
     if bits:
         st.caption("Drafter: " + "; ".join(bits) + ".")
@@ -84,7 +86,8 @@ def metrics(recs: list[StepRecord], step: int, baseline, plain: dict | None) -> 
     the time went, for this step and for the run."""
     st.markdown(f"##### Metrics through step {step + 1} of {len(recs)}")
     _row(frames.running(recs, step), f"steps 1–{step + 1}", baseline)
-    st.markdown(f"##### Whole run: {len(recs)} steps, {recs[-1].n_generated} tokens")
+    st.markdown(f"##### Whole run: {captions.count(len(recs), 'step')}, "
+                f"{captions.count(recs[-1].n_generated, 'token')}")
     m = frames.running(recs, len(recs) - 1)
     _row(m, "the whole run", baseline)
     st.caption(":material/warning: **Speedup vs plain** — " + ONE_RUN)
@@ -108,4 +111,4 @@ def _row(m, span: str, base) -> None:
                         + (f" ({base.tokens_per_s:.1f} tokens/s, whole run). " if base else
                            " (not measured: stopped early). ") + ONE_RUN)
     cols[4].metric(NAMES[4], f"{m.target_forwards}",
-                   help=f"For {m.tokens} tokens, {span}; plain decoding needs one pass per token")
+                   help=f"For {captions.count(m.tokens, 'token')}, {span}; plain decoding needs one pass per token")

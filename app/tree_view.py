@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 
 from specdec_core.records import StepRecord, TreeNode, TreeView
 
+from .captions import count
 from .frames import DRAFT, RESULT, VERIFY, Frame
 from .view import BLUE, GREEN, GREY, ORANGE, P_COLOR, PURPLE, RED, bars, chip, gauge, glyphs, token_label
 
@@ -133,7 +134,7 @@ def tree_figure(rec: StepRecord, f: Frame) -> go.Figure:
                         hoverinfo="text", showlegend=False)
     rows = 1 - min(y for _, y in pos.values())
     fig.update_layout(height=140 + 62 * rows, margin=dict(l=10, r=10, t=36, b=10), font=dict(size=13),
-                      title=dict(text=f"The candidate tree: {view.drafted} candidates, {view.depth} deep",
+                      title=dict(text=f"The candidate tree: {count(view.drafted, 'candidate')}, {view.depth} deep",
                                  font=dict(size=15)),
                       xaxis=dict(title="drafted position", dtick=1, range=[-0.4, view.depth + 1.4],
                                  zeroline=False),
@@ -199,7 +200,7 @@ def trial_table(rec: StepRecord, f: Frame, greedy: bool) -> str:
         left = [n for n in rec.tree.nodes[1:] if n.trial is None]
         if left:
             rows.append(f'<tr class="vrow"><td></td><td colspan="8" class="verdict-unchecked">never tried '
-                        f'(their branch was cut): {len(left)} candidates, '
+                        f'(their branch was cut): {count(len(left), "candidate")}, '
                         + " ".join(chip(n.piece, "tok-unchecked", token=n.token) for n in left[:12])
                         + (" …" if len(left) > 12 else "") + "</td></tr>")
     header = ("<tr><th>trial</th><th>candidate</th><th>branch</th><th>tested against</th><th>p(x)</th>"

@@ -10,7 +10,7 @@ import streamlit as st
 
 import pandas as pd
 
-from app import costs, pairs, play, runs, sidebar, view
+from app import captions, costs, pairs, play, runs, sidebar, view
 from specdec_core import drafters
 from specdec_core.bench import sweeps
 
@@ -64,8 +64,10 @@ def race() -> None:
             prog = st.progress(0.0, text=f"Decoding {name}…")
             live = st.empty()
         try:
-            play.stream(run, records, prog, live, lambda rec: f"{name}: {rec.n_generated} tokens, "
-                        f"{rec.target_forwards} target passes, {rec.elapsed:.2f} s")
+            play.stream(run, records, prog, live, lambda rec: f"{name}: "
+                        f"{captions.count(rec.n_generated, 'token')}, "
+                        f"{captions.count(rec.target_forwards, 'target pass', 'target passes')}, "
+                        f"{rec.elapsed:.2f} s")
         except Exception as e:
             ss.race_error = runs.friendly(e)
             return

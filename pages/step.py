@@ -26,7 +26,8 @@ go_clicked = c1.button("Generate", type="primary", key="generate", icon=":materi
 c2.caption(settings.summary())
 if drafters.entry(settings.drafter).session_index:
     ix = ss.get("suffix_index")
-    seen = f"{len(ix.docs)} runs ({ix.size} tokens) so far" if ix is not None and ix.docs else "nothing yet"
+    seen = (f"{captions.count(len(ix.docs), 'run')} ({captions.count(ix.size, 'token')}) so far"
+            if ix is not None and ix.docs else "nothing yet")
     st.info(f"Suffix decoding drafts from everything this session has decoded: {seen}. Press **Generate** twice "
             "on the same prompt: the second run finds the first one's text and its drafts run long.",
             icon=":material/history:")
@@ -56,7 +57,8 @@ def generate(s: runs.Settings) -> None:
         live = st.empty()
     try:
         play.stream(run, records, prog, live, lambda rec: f"Step {rec.index + 1}: {rec.n_generated} of up to "
-                                                          f"{s.max_new_tokens} tokens, {rec.elapsed:.1f} s")
+                                                          f"{captions.count(s.max_new_tokens, 'token')}, "
+                                                          f"{rec.elapsed:.1f} s")
         base = run.records
         if drafters.entry(s.drafter).drafts:
             prog.progress(1.0, text="Decoding the same prompt plainly (no drafter) to measure the speedup…")
@@ -81,7 +83,8 @@ if run is None or not run.records:
 
 notices.caption(f"Replaying the run of: {run.settings.summary()}" + (f". {run.note}" if run.note else ""))
 if run.status == "stopped":
-    notices.warning(f"Stopped after {len(run.records)} steps ({run.records[-1].n_generated} tokens); "
+    notices.warning(f"Stopped after {captions.count(len(run.records), 'step')} "
+                    f"({captions.count(run.records[-1].n_generated, 'token')}); "
                "the steps made so far can be replayed below.", icon=":material/stop_circle:")
 
 # ----- replay controls (callbacks change the cursor before the fragment redraws) -----

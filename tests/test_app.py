@@ -12,6 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app import frames
+from app.captions import count
 from app.classroom import REPEAT
 from app.view import chip_body, show
 from specdec_core import LM
@@ -203,7 +204,7 @@ def test_metrics_say_what_they_count_and_hold_across_a_steps_phases(lookup_run):
         seen.append(vals)
         heads = " ".join(m.value for m in at.markdown)
         assert f"Metrics through step {step + 1} of {len(recs)}" in heads
-        assert f"Whole run: {len(recs)} steps, {recs[-1].n_generated} tokens" in heads
+        assert f"Whole run: {count(len(recs), 'step')}, {count(recs[-1].n_generated, 'token')}" in heads
         if at.session_state.cursor.at_end(recs):
             break
         at.button(key="phase_next").click().run()
@@ -409,3 +410,14 @@ def test_nothing_stale_remains_after_an_error():
     assert len(at.error) == 1 and "prompt is empty" in at.error[0].value
     assert "run" not in at.session_state and not at.metric and not at.get("plotly_chart")
     assert not any(s.value.startswith("Step ") for s in at.subheader)
+
+
+def test_one_of_a_thing_is_singular():
+    """A one-token run: 'up to 1 token', 'Whole run: 1 step, 1 token', never '1 tokens' or '1 steps'."""
+    at = generate(new_app(drafter="lookup", max_new_tokens=1, prompt=REPEAT))
+    recs = at.session_state.run.records
+    assert len(recs) == 1 and recs[-1].n_generated == 1
+    text = html(at) + " ".join(c.value for c in at.caption) + " ".join(m.help or "" for m in at.metric)
+    assert "Whole run: 1 step, 1 token" in text and "up to 1 token" in text
+    assert not re.search(r"\b1 (tokens|steps|runs|candidates|positions|times)\b", text), \
+        re.findall(r".{40}\b1 (?:tokens|steps|runs|candidates|positions|times)\b", text)
