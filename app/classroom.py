@@ -58,6 +58,14 @@ h1 { font-size: 3.0rem !important; } h2 { font-size: 2.3rem !important; } h3 { f
 .tok-target { background:#e0e0e0 !important; color:#000 !important; border-color:#000 !important; }
 .strip { background:#fff !important; border:3px solid #000 !important; }
 .vtable { font-size: 1.4rem !important; }
+/* the navigation at this size: a wider sidebar, and a label that still does not fit wraps (never "Road to pro…") */
+[data-testid="stSidebar"] { width: 400px !important; min-width: 400px !important; }
+[data-testid="stSidebarNavLink"] { height: auto !important; min-height: 2rem; }
+[data-testid="stSidebarNavLink"] span, [data-testid="stSidebarNavLink"] p { white-space: normal !important;
+  overflow: visible !important; text-overflow: clip !important; }
+/* and a button's label is never cut to "Gene…" in a narrow column */
+.stButton button { max-width: none !important; min-width: max-content !important; }
+.stButton button p { white-space: nowrap !important; overflow: visible !important; text-overflow: clip !important; }
 </style>
 """
 
