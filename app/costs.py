@@ -58,9 +58,9 @@ def figure(spec: dict, plain: dict, title: str) -> go.Figure:
     tot = [d["step_ms"] / n for _, d, n in rows]
     fig.add_scatter(y=[r[0] for r in rows], x=tot, mode="text", text=[f"  {t:.1f} ms" for t in tot],
                     textposition="middle right", showlegend=False, hoverinfo="skip")
-    fig.update_layout(barmode="stack", height=260, title=dict(text=title, font=dict(size=15)),
+    fig.update_layout(barmode="stack", height=290, title=dict(text=title, font=dict(size=15)),
                       margin=dict(l=10, r=60, t=40, b=10), xaxis=dict(title="ms", range=[0, 1.25 * max(tot)]),
-                      yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.25, x=0),
+                      yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.42, yanchor="top", x=0),
                       font=dict(size=13))
     return fig
 

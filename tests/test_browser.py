@@ -244,3 +244,63 @@ def test_a_long_run_streams_and_can_be_stopped(server, browser, tmp_path):
     assert page.locator(".st-key-play").count() == 1  # the steps made so far can be replayed
     page.screenshot(path=str(tmp_path / "stopped.png"), full_page=True)
     page.close()
+
+
+def test_a_tree_is_drawn_node_for_node_with_its_costs_and_an_error_leaves_nothing_stale(server, browser, tmp_path):
+    """What only a browser shows: in presenter mode every navigation label is whole; Medusa's candidate tree is
+    drawn with one circle per drafted candidate (the number the page prints); the "where the time went" bars
+    render; then a failed Generate leaves no replay, tree, chart or "Replaying the run of" caption behind."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1800})
+    page.goto(server + "step?presenter=1&drafter=medusa&max_new_tokens=12&workload=code&example=0")
+    button(page, "generate").wait_for(timeout=SLOW_MS)
+    settle(page)
+    links = page.locator('[data-testid="stSidebarNavLink"] p')
+    assert links.count() >= 10
+    cut = [t for t, (w, cw) in zip(links.all_inner_texts(), links.evaluate_all("ps => ps.map(p => "
+                                                                                 "[p.scrollWidth, p.clientWidth])"))
+           if w > cw + 1]
+    assert not cut, f"navigation labels cut in presenter mode: {cut}"
+
+    button(page, "generate").click()
+    button(page, "play").wait_for(timeout=SLOW_MS)
+    settle(page, 0.2)
+    button(page, "play").click()   # pause, then the last step shown whole: every candidate drawn
+    settle(page)
+    button(page, "last").click()
+    settle(page)
+    tree = page.locator(".st-key-tree").first
+    tree.locator(".main-svg").first.wait_for(timeout=60_000)
+    said = page.locator('[data-testid="stCaptionContainer"]').filter(has_text=re.compile(r"a tree of \d"))
+    said = said.first.inner_text()
+    n = int(re.search(r"a tree of (\d+) candidates?", said).group(1))
+    title = tree.locator(".gtitle").first.text_content()
+    assert title.startswith(f"The candidate tree: {n} candidate"), title
+    # candidates are circles (an arc in the marker's path); the root is a square, the drawn token a diamond
+    marks = tree.locator(".scatterlayer path.point").evaluate_all("ps => ps.map(p => p.getAttribute('d'))")
+    assert sum("A" in d for d in marks) == n >= 1, (n, marks)
+    assert sum("A" not in d for d in marks) in (1, 2)   # the root, and the bonus/resampled token when drawn
+    tree.screenshot(path=str(tmp_path / "tree.png"))
+
+    costs = page.locator(".st-key-costs").first
+    costs.scroll_into_view_if_needed()
+    costs.locator(".main-svg").first.wait_for(timeout=60_000)
+    assert costs.locator(".gtitle").first.text_content().startswith("The whole run")
+    pieces = costs.locator(".barlayer .trace")
+    assert pieces.count() == 4   # draft, verify pass, bookkeeping, loop
+    assert all(pieces.nth(i).locator(".point path").count() == 4 for i in range(4))   # plain/spec, step/token
+    widths = costs.locator(".barlayer .point path").evaluate_all(
+        "ps => ps.map(p => p.getBBox().width)")
+    assert sum(w > 0 for w in widths) >= 4, widths   # real bars: at least the verify pass on every row
+    costs.screenshot(path=str(tmp_path / "costs.png"))
+
+    page.locator(".st-key-prompt textarea").fill("   ")   # an empty prompt: Generate fails with a message
+    page.locator(".st-key-prompt textarea").press("Control+Enter")
+    settle(page)
+    button(page, "generate").click()
+    page.locator('[data-testid="stAlertContentError"]').filter(has_text="prompt is empty").wait_for(timeout=60_000)
+    settle(page)
+    assert page.locator(".st-key-tree, .st-key-costs, .st-key-play, .st-key-chart").count() == 0
+    assert page.get_by_text("Replaying the run of", exact=False).count() == 0
+    assert page.locator(".text-so-far .tok").count() == 0 and page.locator("h3").filter(has_text="Step ").count() == 0
+    page.screenshot(path=str(tmp_path / "after-error.png"))
+    page.close()
