@@ -349,7 +349,8 @@ def test_suffix_decoding_drafts_from_the_sessions_earlier_run():
     toks = lambda r: [c.token for rec in r.records for c in rec.committed]
     assert toks(first) == toks(second)
     assert second.metrics.mean_acceptance_length > first.metrics.mean_acceptance_length
-    assert "2 runs" in " ".join(i.value for i in at.info) or "runs (" in " ".join(i.value for i in at.info)
+    # drawn above the button, before the second run lands: one run so far, in the singular
+    assert re.search(r"\b(1 run|2 runs) \(\d+ tokens\) so far", " ".join(i.value for i in at.info))
 
 
 def test_sidebar_k_policy_and_greedy_drafting_reach_the_engine():
