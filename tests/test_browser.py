@@ -1,7 +1,9 @@
 """The app in a real browser: start `streamlit run` on a free port, drive headless Chromium through the
 first three walkthrough sections (their live widgets and a check-yourself question), then through a
-generation, watch it animate, step to a rejection and back, stop a long run, and check a second tab keeps
-its own state. Skips when Debian's chromium is not installed; never downloads a browser."""
+generation, watch it animate, step to a rejection and back, stop a long run, check a second tab keeps
+its own state, and see what only a browser draws: a candidate tree node for node, the time breakdown's bars,
+presenter mode's navigation, and a page with nothing stale after an error. Skips when Debian's chromium is
+not installed; never downloads a browser."""
 import re
 import socket
 import subprocess
