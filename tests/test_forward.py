@@ -227,8 +227,7 @@ def test_rollback_and_compaction_leave_a_fresh_prefill(bundled):
     c.crop(-5)                                                         # 3 of 8 kept
     tree = compile_tree([(0,), (1,), (0, 0), (1, 0)])
     lm.tree_forward(c, torch.tensor(ids[23:24] + [7, ids[24], 9, ids[25]]), tree)
-    from specdec_core.models import compact
-    compact(c, 23, torch.tensor([0, 2, 4]))                            # root -> (1,) -> (1, 0)
+    lm.backend.compact(c, 23, torch.tensor([0, 2, 4]))                            # root -> (1,) -> (1, 0)
     fresh = lm.new_cache()
     lm.forward(torch.tensor(ids[:26]), fresh)
     assert c.get_seq_length() == fresh.get_seq_length() == 26
