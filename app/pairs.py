@@ -24,11 +24,6 @@ class Timed:
     median: int
 
 
-def median_index(spec_tps: list[float], base_tps: list[float], timing: dict) -> int:
-    """The pair sweeps.ratios quotes: the one whose ratio is the quoted median."""
-    return next((i for i, (a, b) in enumerate(zip(spec_tps, base_tps)) if b > 0 and a / b == timing["speedup"]), 0)
-
-
 def time_pairs(s: runs.Settings, plain: runs.Run, spec: runs.Run, prog) -> Timed:
     """Time sweeps.REPEATS pairs in all (the live one counts as the first, plain then speculative), each pair
     back to back in the order sweeps.rounds gives; records kept (detail on, as the live pair) for the replay."""
@@ -49,4 +44,4 @@ def time_pairs(s: runs.Settings, plain: runs.Run, spec: runs.Run, prog) -> Timed
             turn.spell()   # between pairs (never inside one) others may take a turn
     tps = {n: [x.metrics.tokens_per_s for x in v] for n, v in got.items()}
     timing = sweeps.ratios(tps["spec"], tps["plain"])
-    return Timed(got["plain"], got["spec"], timing, median_index(tps["spec"], tps["plain"], timing))
+    return Timed(got["plain"], got["spec"], timing, timing["median_pair"])

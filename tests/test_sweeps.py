@@ -58,6 +58,7 @@ def test_the_measuring_rule_pairs_runs_and_flags_noise():
     noisy = ratios([20.0, 40.0, 30.0], [10.0, 10.0, 10.0])
     assert noisy["speedup"] == pytest.approx(3.0) and (noisy["speedup_min"], noisy["speedup_max"]) == (2.0, 4.0)
     assert noisy["speedup_spread"] == pytest.approx(2 / 3) and 2 / 3 > NOISY and noisy["noisy"]
+    assert noisy["median_pair"] == 2                             # the pair quoted is the third measured
 
 
 def test_wilson_interval_known_values():

@@ -50,17 +50,19 @@ def ratios(spec_tps: list[float], base_tps: list[float]) -> dict:
     pair alike) give one ratio each; quote the median pair (the lower middle one for an even count, so the
     quoted speedup is exactly its tokens/s over its baseline's), with the min-max spread of the ratios, and call
     the point noisy when that spread passes NOISY of the median. The baseline's own spread between repeats says
-    whether the machine was busy."""
+    whether the machine was busy. `median_pair` is the quoted pair's index, for a page that replays it."""
     pairs = sorted((a / b, i) for i, (a, b) in enumerate(zip(spec_tps, base_tps)) if b > 0)
     if not pairs:
         return {"speedup": 0.0, "speedup_min": 0.0, "speedup_max": 0.0, "speedup_spread": 0.0, "noisy": False,
-                "baseline_spread": 0.0, "repeats": 0, "tokens_per_s": 0.0, "baseline_tokens_per_s": 0.0}
+                "baseline_spread": 0.0, "repeats": 0, "tokens_per_s": 0.0, "baseline_tokens_per_s": 0.0,
+                "median_pair": 0}
     med, i = pairs[(len(pairs) - 1) // 2]
     bt = [b for b in base_tps if b > 0]
     spread = (pairs[-1][0] - pairs[0][0]) / med if med else 0.0
     return {"speedup": med, "speedup_min": pairs[0][0], "speedup_max": pairs[-1][0], "speedup_spread": spread,
             "noisy": spread > NOISY, "baseline_spread": (max(bt) - min(bt)) / statistics.median(bt),
-            "repeats": len(pairs), "tokens_per_s": spec_tps[i], "baseline_tokens_per_s": base_tps[i]}
+            "repeats": len(pairs), "tokens_per_s": spec_tps[i], "baseline_tokens_per_s": base_tps[i],
+            "median_pair": i}
 
 
 def rounds(sp: SamplingParams, repeats: int | None, order: list) -> Iterator[tuple[int, SamplingParams, list]]:
