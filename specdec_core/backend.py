@@ -11,6 +11,10 @@ length per row; the default) and transformers' own (`hf`, the reference: a growi
   rows(B, hidden)                           B sequences decoded together: prefill, score (a chain or a tree
                                             per row), commit, end_step (Rows: ours; Holes: transformers')
   derive(...)                               a network over the target's first layers and an exit
+  row_block                                 products run rows in blocks of this many: scoring n slots costs
+                                            what scoring n rounded up to a block costs (sizes that fit pay)
+  block_ms(blocks)                          what a score pass of 1, 2, .. blocks of rows costs on this
+                                            machine, measured once per forward (a drafter sizes its tree by it)
 
 `Single` is one sequence through an LM's forward / tree_forward / keep, with either backend: what engine.py
 steps. Only this module tells the two backends apart (tests/test_architecture.py holds that).
@@ -18,11 +22,15 @@ steps. Only this module tells the two backends apart (tests/test_architecture.py
 from __future__ import annotations
 
 import inspect
+import statistics
+import time
+import weakref
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from . import forward as _forward
 from .forward import Dense, Forward, block_of
 
 
@@ -56,6 +64,11 @@ class Ours:
     def __init__(self, fwd: Forward):
         self.fwd = fwd
 
+    @property
+    def row_block(self) -> int:
+        """forward.ROWS, read when asked (the GPU check varies it): every product pads its rows to it."""
+        return _forward.ROWS
+
     def new_cache(self, batch: int = 1):
         return self.fwd.new_cache(batch)
 
@@ -83,10 +96,36 @@ class Ours:
     def rows(self, B: int, hidden: bool) -> "Rows":
         return Rows(self, B, hidden)
 
+    @torch.inference_mode()
+    def block_ms(self, blocks: int = 4, context: int = 64, reps: int = 5) -> list[float]:
+        """ms of one chain forward of row_block * j slots after `context` slots, j = 1..blocks: medians of
+        interleaved repetitions, measured at the first call for this forward and kept (a probe like
+        forward.in_place_ok: costs depend on the machine's kernels, not on arithmetic)."""
+        key = (blocks, context, self.row_block)
+        got = _BLOCK_MS.setdefault(self.fwd, {})
+        if key not in got:
+            cache = self.new_cache()
+            n_ids = self.fwd.embed.shape[0]
+            self.forward(torch.arange(context) % n_ids, cache)
+            sizes = [self.row_block * j for j in range(1, blocks + 1)]
+            ms = {n: [] for n in sizes}
+            for r in range(reps + 1):
+                for n in sizes:
+                    t = time.perf_counter()
+                    self.forward(torch.arange(n) % n_ids, cache)
+                    if r:                                      # the first round warms the shapes up
+                        ms[n].append(1e3 * (time.perf_counter() - t))
+                    cache.crop(-n)
+            got[key] = [statistics.median(ms[n]) for n in sizes]
+        return got[key]
+
     def derive(self, net, layers: int, layer: torch.nn.Module, norm_w: torch.Tensor, head_w: torch.Tensor,
                vocab) -> "Ours":
         """The first `layers` blocks (shared), then `layer`, a norm and a head: an early exit's network."""
         return Ours(self.fwd.derive(self.fwd.blocks[:layers] + [block_of(layer)], norm_w, Dense(head_w), vocab))
+
+
+_BLOCK_MS: "weakref.WeakKeyDictionary[Forward, dict]" = weakref.WeakKeyDictionary()
 
 
 class Rows:
@@ -165,6 +204,11 @@ class Theirs:
     """transformers' forward: a DynamicCache that grows by what is run and is cropped (or a tree's path
     compacted) on rollback. `model` (the causal LM) may be None: then `dec` and `head` run it."""
     name = "hf"
+    row_block = 1                      # no padding: each product runs the rows it is given
+
+    def block_ms(self, blocks: int = 4, context: int = 64, reps: int = 5) -> list[float]:
+        """Not measured for transformers' forward: [] (a drafter keeps its fixed size)."""
+        return []
 
     def __init__(self, model, dec, head, cut, dtype: torch.dtype, device: torch.device, config):
         self.model, self.dec, self.head, self.cut = model, dec, head, cut

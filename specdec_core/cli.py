@@ -391,7 +391,8 @@ def cmd_profile(args) -> int:
         print("\nwhere a step's time goes: ms per step (every step but each run's first) in each phase; c = draft "
               "ms per drafted position / a one-token target step (plain decoding's median score ms); score_x = the "
               "median score pass over that step, which scored a chain of `tokens` (k + 1) or a tree of that many "
-              "nodes")
+              f"nodes; rows = what its products multiplied: tokens rounded up to a block of "
+              f"{target.backend.row_block} rows (a size that fits a block pays; one past it costs a block)")
         print(cost.round(3).to_string())
         print("\nspeedups: Leviathan et al. (2023) (1 - alpha^(k+1)) / ((1 - alpha)(c k + 1)) with alpha = "
               "accepted / judged guesses; cost model = tokens/step x plain step ms / step ms; measured = tokens/s "

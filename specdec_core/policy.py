@@ -9,6 +9,7 @@ Leviathan et al. (2023, sec. 3.5) pick one k from the acceptance rate and the dr
                 (lookup, suffix, medusa) ignore it
   batch       - k by batch size (vLLM's per-batch-size setting): the fuller the batch, the less spare compute a
                 verification can use, so k shrinks and drafting stops past a size (batch.py)
+A tree's size has its own rule, `tree_budget` (EAGLE's sized trees): as many nodes as pay for the rows they add.
 Every policy decides from the draft's own information and the verdicts of earlier steps only, never from the
 target's distribution at the positions being drafted, so the exact rule is untouched.
 """
@@ -58,3 +59,26 @@ def for_batch(k: int, batch: int) -> int:
         if batch <= size:
             return k if kk is None else min(k, kk)
     return 0
+
+
+def tree_budget(p: list[float], most: int, block: int, costs: list[float], fixed_ms: float) -> int:
+    """How many of a tree's candidate nodes to verify: the count with the most expected tokens per ms of a step.
+
+    p: each candidate's estimated chance of acceptance (its cumulative draft probability, EAGLE-2), likeliest
+    first; most: the cap; costs[j - 1]: the target's measured ms for a score pass of j blocks of `block` rows
+    (backend.block_ms); fixed_ms: what the step costs besides (the draft already run). Expected tokens of n
+    nodes: 1 (the token drawn at the end) + the sum of their p. The root takes one row of the first block, so
+    counts that fill their block, block * j - 1, are the ones weighed. Without costs: `most`."""
+    most = min(most, len(p))
+    if not costs:
+        return most
+    best, pick, e, got = -1.0, most, 1.0, 0
+    for j, ms in enumerate(costs, 1):
+        n = min(block * j - 1, most)
+        e += sum(p[got:n])
+        got = n
+        if e / (fixed_ms + ms) > best:
+            best, pick = e / (fixed_ms + ms), n
+        if n == most:
+            break
+    return pick

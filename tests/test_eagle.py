@@ -4,6 +4,7 @@ tiny one); the shipped head matches its manifest and reproduces its held-out fig
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 
 import numpy as np
@@ -203,3 +204,41 @@ def test_batched_greedy_equals_alone_tiny(k, one_thread):
     mk = lambda: Eagle(tgt, head, manifest={}, depth=5, topk=3, nodes=8)   # noqa: E731
     res = run_batch(tgt, mk, prompts, k=k, max_new_tokens=16)
     assert res.tokens == [engine.run(tgt, mk(), p, k=k, max_new_tokens=16, detail=False)[0] for p in prompts]
+
+
+def test_sized_budget_weighs_expected_tokens_against_measured_block_costs(one_thread):
+    """The sized tree verifies the node count with the most expected tokens (1 + the kept nodes' cumulative
+    draft probabilities) per ms of draft + score pass, counts that fill a block of rows."""
+    tgt = tiny_lm(1, layers=1)
+    d = Eagle(tgt, _random_head(tgt), manifest={}, depth=4, topk=3, nodes=15, sized=False)
+    d.block = 4
+    score = [math.log(p) for p in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.04, 0.03)]
+    order = list(range(len(score)))
+    assert d._budget(score, order, 0.002) == 12        # no cost table: the most allowed (all 12 drafted)
+    d.costs = [10.0, 10.5, 30.0, 40.0]                 # a second block almost free, a third dear
+    assert d._budget(score, order, 0.002) == 7
+    d.costs = [10.0, 20.0, 30.0, 40.0]                 # every block as dear as a step: 3 nodes pay best
+    assert d._budget(score, order, 0.002) == 3
+    d.costs = [10.0, 10.0, 10.0, 10.0]                 # blocks free: everything drafted
+    assert d._budget(score, order, 0.002) == 12
+    d.nodes = 5
+    assert d._budget(score, order, 0.002) == 5         # never past `nodes`
+
+
+def test_sized_trees_stay_exact(one_thread):
+    """Sizing trees by measured cost changes which nodes are verified, never the output: greedy equals plain
+    decoding, and the tree sizes vary with the head's confidence. transformers' forward has no blocks or cost
+    table: its trees keep the fixed size."""
+    fixed = Eagle(tiny_lm(1, layers=1), _random_head(tiny_lm(1, layers=1), 2), manifest={}, nodes=15, sized=True)
+    assert fixed.costs == [] and fixed.block == 1
+    tgt = tiny_lm(1, layers=1, forward="ours")
+    d = Eagle(tgt, _random_head(tgt, 2), manifest={}, depth=4, topk=3, nodes=15, sized=True)
+    assert len(d.costs) == 4 and all(ms > 0 for ms in d.costs) and d.block == tgt.backend.row_block == 4
+    d.costs = [10.0, 11.0, 30.0, 40.0]
+    sizes = set()
+    for prompt in ([1, 2, 3], [4, 5, 6, 7], [9, 1]):
+        base, _, _ = engine.run(tgt, make("none", tgt), prompt, max_new_tokens=20, detail=False)
+        got, recs, _ = engine.run(tgt, d, prompt, k=4, max_new_tokens=20, detail=True, stop_at_eos=False)
+        assert got[:len(base)] == base
+        sizes |= {r.tree.drafted for r in recs if r.tree is not None}
+    assert sizes == {3, 7}

@@ -69,3 +69,24 @@ def test_k_by_batch_size_in_a_batch_and_per_row_schedules(one_thread):
     res = run_batch(tgt, lambda: make("draft", tgt, dr), prompts, k=6, k_policy="schedule", **kw)
     for i, recs in enumerate(alone):
         assert [s.drafted[i] for s in res.steps if s.drafted[i] or s.committed[i]][:len(recs)] == [r.k for r in recs]
+
+
+def test_lookup_proposes_k_after_a_full_match_and_weak_after_a_short_one():
+    """A max_ngram match proposes up to k tokens; a shorter match at most `weak`; make() sets weak to what the
+    target's first row block holds besides the pending token (ours: 3), transformers' forward leaves it open."""
+    from specdec_core.drafters import DraftContext, make
+    from specdec_core.drafters.lookup import PromptLookup
+    from specdec_core.sampling import SamplingParams
+    from tests.tiny import tiny_lm
+    ctx = lambda toks, k: DraftContext(toks, 1, k, SamplingParams(), None)   # noqa: E731
+    seq = [5, 6, 7, 1, 2, 3, 4, 8, 9, 10, 11, 12]
+    d = PromptLookup(weak=3)
+    # the last 3 tokens (5, 6, 7) matched at the start: what followed, up to k
+    assert d.propose(ctx(seq + [5, 6, 7], 6)).tokens.tolist() == [1, 2, 3, 4, 8, 9]
+    # only the last token (9) matches: at most 3, where the uncapped lookup proposes k
+    assert d.propose(ctx(seq + [20, 9], 6)).tokens.tolist() == [10, 11, 12]
+    assert PromptLookup().propose(ctx(seq + [20, 9], 6)).tokens.tolist() == [10, 11, 12, 20, 9]
+    assert make("lookup", tiny_lm(0, forward="ours")).weak == 3
+    assert make("lookup", tiny_lm(0)).weak is None
+    with pytest.raises(ValueError, match="weak must be >= 1"):
+        PromptLookup(weak=0)

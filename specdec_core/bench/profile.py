@@ -88,10 +88,16 @@ def split(runs: list[list[StepRecord]], plain: list[list[StepRecord]]) -> dict:
             "score_median_ms": score_ms, "c": c, "score_x": score_ms / plain_ms if plain_ms else 0.0}
 
 
+def padded(n: int, block: int) -> int:
+    """The rows a product multiplies to score n slots: n rounded up to the backend's row block."""
+    return -(-n // block) * block
+
+
 def row(name: str, k: int, runs: list[tuple], plain_ms: float, plain_step_ms: float, timing: dict,
-        same: bool | None) -> dict:
+        same: bool | None, block: int = 1) -> dict:
     """One drafter's profile from its runs (ids, records, metrics), against plain decoding's median score ms
-    (`plain_ms`, the one-token target step) and mean step ms; `timing`: the measured speedup (sweeps.ratios)."""
+    (`plain_ms`, the one-token target step) and mean step ms; `timing`: the measured speedup (sweeps.ratios);
+    `block`: the target's row block (backend.row_block): what a score pass of n slots really multiplies."""
     recs = [rr for _, rr, _ in runs]
     every = [r for rr in recs for r in rr]
     st = steady(recs)
@@ -111,6 +117,7 @@ def row(name: str, k: int, runs: list[tuple], plain_ms: float, plain_step_ms: fl
             "draft_positions_per_step": positions / len(st),
             "scored": "tree" if "tree" in kinds else "chain",
             "scored_tokens": statistics.fmean(scored(r)[1] for r, _ in spec) if spec else 1.0,
+            "scored_rows": statistics.fmean(padded(scored(r)[1], block) for r, _ in spec) if spec else block,
             **ph, "score_median_ms": score_ms, "plain_score_ms": plain_ms, "plain_step_ms": plain_step_ms,
             "c": c, "score_x": score_ms / plain_ms if plain_ms else 0.0,
             "predicted_speedup": expected_speedup(alpha, k, c),
@@ -157,13 +164,14 @@ def profile(target: LM, drafters: dict[str, Drafter], prompts: list, sp: Samplin
     for n, d in drafters.items():
         kk = entry(n).k(d.default_k if k is None else k)
         same = all(a[0] == b[0] for a, b in zip(base, flat(n))) if sp.greedy else None
-        out.append(row(n, kk, flat(n), plain_ms, plain_step_ms, ratios([tps(rep) for rep in got[n]], base_tps), same))
+        out.append(row(n, kk, flat(n), plain_ms, plain_step_ms, ratios([tps(rep) for rep in got[n]], base_tps), same,
+                       target.backend.row_block))
     return out
 
 
 COST = {"k": "k", "draft_ms": "draft", "score_ms": "score", "verify_ms": "verify", "commit_ms": "commit",
         "bookkeeping_ms": "bookkeeping", "step_ms": "step", "c": "c", "scored": "scored", "scored_tokens": "tokens",
-        "score_x": "score_x"}
+        "scored_rows": "rows", "score_x": "score_x"}
 SPEEDUP = {"alpha": "alpha", "tokens_per_step": "tokens/step", "predicted_speedup": "Leviathan",
            "cost_model_speedup": "cost model", "speedup": "measured", "speedup_min": "min", "speedup_max": "max",
            "tokens_per_s": "tok/s", "baseline_tokens_per_s": "plain tok/s"}

@@ -102,7 +102,9 @@ def _none(target, draft_lm, **kw):
 
 def _lookup(target, draft_lm, **kw):
     from .lookup import PromptLookup
-    return PromptLookup(**kw)
+    # a weak match proposes no more than the target's first row block holds: those rows cost nothing extra
+    block = target.backend.row_block
+    return PromptLookup(**{"weak": block - 1 if block > 1 else None} | kw)
 
 
 def _suffix(target, draft_lm, **kw):

@@ -30,12 +30,14 @@ builds each level's attention masks and frontier with a few tensor ops, Python o
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..policy import tree_budget
 from ..tree import compile_tree
 from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
                weights_for)
@@ -141,7 +143,7 @@ class Eagle(Drafter):
     reads_hidden = entry(name).reads_hidden   # the engine hands over the target's hidden state (observe)
 
     def __init__(self, target, head: Head | None = None, manifest: dict | None = None, depth: int | None = None,
-                 topk: int | None = None, nodes: int | None = None):
+                 topk: int | None = None, nodes: int | None = None, sized: bool | None = None):
         if head is None:
             if not weights_for(self.name, target):
                 raise untrained(self.name, target)
@@ -157,6 +159,8 @@ class Eagle(Drafter):
         self.depth = int(depth or tree.get("depth", 5))
         self.topk = int(topk or tree.get("topk", 4))
         self.nodes = int(nodes or tree.get("nodes", 12))
+        # size each tree by the target's measured cost (`_budget`), `nodes` the most; else always `nodes`
+        self.sized = bool(tree.get("sized", False) if sized is None else sized)
         self.default_k = self.depth
         self.target, self.manifest = target, manifest
         self.head = head.to(target.device)          # the trained module; drafting runs its packed copy
@@ -166,6 +170,8 @@ class Eagle(Drafter):
         self.ids = head.vocab.ids.to(target.device) if head.vocab is not None else None
         self._trees: dict[tuple, object] = {}    # compiled tree per shape (rank paths)
         self.h, self.h_len = None, -1
+        self.costs = target.backend.block_ms() if self.sized else []   # measured once per target forward
+        self.block = target.backend.row_block
 
     def begin(self, prompt: list[int]) -> None:
         self.h, self.h_len = None, -1
@@ -178,44 +184,50 @@ class Eagle(Drafter):
         # the root (the pending token) must be the one drawn from self.h: exactly one token after it
         if self.h is None or len(ctx.tokens) != self.h_len + 1 or ctx.k < 1:
             return Proposal.empty()
+        t0 = time.perf_counter()
         depth, K = min(ctx.k, self.depth), self.topk
         n = 1 + K * (depth - 1)                # rows the head runs: the root, then K per level but the last
         kv, dev = self.fast.scratch(n), self.fast.device
         # bias[r]: 0 on run row r's branch (itself included), -inf elsewhere: its attention mask
         bias = torch.full((n, n), float("-inf"), device=dev)
         bias[0, 0] = 0.0
-        # every node drafted: parent index (-1 = root), rank among its parent's candidates, token, cum. log-prob
-        parent, rank, tok, score = [], [], [], []
+        # per level, every node drafted: parent index (-1 = the root), token, cumulative log-prob (float64, so
+        # ties break as in drafting order), as tensors: Python touches them once, after the last level
+        levels, count = [], 0
         f, logits = self.fast(self.h[None], torch.tensor([ctx.tokens[-1]]), 0, bias[:1, :1], kv)
-        frontier = [-1]                        # the nodes whose rows were just run (-1: the root)
+        front, base = torch.tensor([-1]), torch.zeros(1, dtype=torch.float64)   # the rows just run, their scores
         for d in range(1, depth + 1):
             lp, ix = torch.topk(torch.log_softmax(logits, -1, dtype=torch.float32), K, -1)   # [m, K] each
-            ix = self.ids[ix] if self.ids is not None else ix                          # draft row -> token id
-            first = len(tok)                   # the new level's nodes: (row r, rank j) -> first + r K + j
-            for par, lps, ts in zip(frontier, lp.tolist(), ix.tolist()):
-                base = 0.0 if par < 0 else score[par]
-                parent += [par] * K
-                rank += range(K)
-                tok += ts
-                score += [base + x for x in lps]
+            ix = (self.ids[ix] if self.ids is not None else ix).flatten()                # [m K] token ids
+            sc = (base[:, None] + lp.double()).flatten()                                 # [m K]
+            levels.append((front.repeat_interleave(K), ix, sc))
+            first, count = count, count + sc.numel()      # node (row r, rank j) of this level: first + r K + j
             if d == depth:
                 break
-            # expand the likeliest K of this level (stable: ties keep drafting order)
-            pick = sorted(range(len(tok) - first), key=lambda i: -score[first + i])[:K]
-            R0, m = kv.n, len(pick)
-            rows = torch.tensor([i // K for i in pick])                                 # rows of f (parents)
+            pick = torch.sort(sc, descending=True, stable=True).indices[:K]   # expand the likeliest K
+            R0, m = kv.n, pick.numel()
+            rows = pick // K                                                            # rows of f (parents)
             bias[R0:R0 + m] = bias[R0 - logits.shape[0] + rows]                        # the parents' branches
             bias[R0:R0 + m, R0:R0 + m].diagonal().zero_()                              # and each row itself
-            frontier = [first + i for i in pick]
-            f, logits = self.fast(f[rows], torch.tensor([tok[i] for i in frontier]), d,
-                                  bias[R0:R0 + m, :R0 + m], kv)
-        return self._tree(parent, rank, tok, score)
+            front, base = first + pick, sc[pick]
+            f, logits = self.fast(f[rows], ix[pick], d, bias[R0:R0 + m, :R0 + m], kv)
+        parent, tok, sc = (torch.cat(x) for x in zip(*levels))
+        parent, tok, score = parent.tolist(), tok.tolist(), sc.tolist()
+        rank = list(range(K)) * (len(tok) // K)
+        order = torch.sort(sc, descending=True, stable=True).indices.tolist()
+        return self._tree(parent, rank, tok, score, order, self._budget(score, order, time.perf_counter() - t0))
 
-    def _tree(self, parent, rank, tok, score) -> Proposal:
-        """Keep the `nodes` likeliest drafted nodes (prefix-closed), as rank paths and tokens in tree order."""
+    def _budget(self, score, order, draft_s: float) -> int:
+        """How many drafted nodes to verify: `nodes`, or, sized, policy.tree_budget's count (the nodes'
+        cumulative draft probabilities against the target's measured cost of the rows they add)."""
+        p = [math.exp(score[i]) for i in order[:self.nodes]]
+        return tree_budget(p, self.nodes, self.block, self.costs, 1e3 * draft_s)
+
+    def _tree(self, parent, rank, tok, score, order, budget) -> Proposal:
+        """Keep the `budget` likeliest drafted nodes (prefix-closed), as rank paths and tokens in tree order."""
         keep, path = set(), {}
-        for i in sorted(range(len(tok)), key=lambda i: (-score[i], i)):
-            if len(keep) == self.nodes:
+        for i in order:
+            if len(keep) == budget:
                 break
             p = parent[i]
             if p >= 0 and p not in keep:      # a tie at probability 1 could list a child first: skip it

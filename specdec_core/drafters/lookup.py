@@ -3,6 +3,11 @@
 Saxena, "Prompt Lookup Decoding" (2023); the n-gram proposer of vLLM and transformers. The last n tokens
 (n from max_ngram down to min_ngram) are searched for earlier in the prompt and the text so far; the tokens
 that followed the most recent match are proposed. The draft is deterministic, i.e. a one-hot q.
+
+How many: k after a match of max_ngram tokens; after a shorter (weaker) match at most `weak`. On our forward a
+score pass costs the same up to a block of rows (backend.row_block, 4 on the CPU) and a block more past it, so
+`make` sets weak to what the first block holds besides the pending token: a weak guess then costs nothing, and
+k's long copies are bought where a copy is likely (measured: docs/measurements.md).
 """
 from __future__ import annotations
 
@@ -15,10 +20,12 @@ class PromptLookup(Drafter):
     name = "lookup"
     default_k = entry(name).default_k
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, weak: int | None = None):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        if weak is not None and weak < 1:
+            raise ValueError(f"weak must be >= 1 (tokens after a short match), got {weak}")
+        self.max_ngram, self.min_ngram, self.weak = max_ngram, min_ngram, weak
 
     def propose(self, ctx: DraftContext) -> Proposal:
         toks, n_tok = ctx.tokens, len(ctx.tokens)
@@ -26,6 +33,8 @@ class PromptLookup(Drafter):
             tail = toks[-n:]
             for start in range(n_tok - n - 1, -1, -1):  # most recent match first
                 if toks[start:start + n] == tail:
-                    cont = toks[start + n:start + n + ctx.k]
+                    # a match shorter than max_ngram is weak evidence: propose at most `weak` tokens
+                    k = ctx.k if self.weak is None or n == self.max_ngram else min(ctx.k, self.weak)
+                    cont = toks[start + n:start + n + k]
                     return Proposal(torch.tensor(cont, dtype=torch.long), info={"ngram": n, "match_at": start})
         return Proposal.empty()

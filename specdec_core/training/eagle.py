@@ -39,7 +39,7 @@ from .common import WEIGHTS, acceptance, prepare, schedule, target_step_cost, ti
 from .medusa import hidden_states
 
 W_CE = 1.0                                   # weight of the distribution loss against the feature loss
-TREES = "4x3x8,6x4x16"   # depth x topk x nodes: the tree budgets measured on the held-out prompts
+TREES = "3x3x11,4x3x11,4x3x15"   # depth x topk x nodes (the most, when sized): budgets measured on held-out prompts
 
 
 def _args(argv):
@@ -52,12 +52,16 @@ def _args(argv):
                     "--window = every position sees exactly what drafting computes")
     ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (tokens the head ranks)")
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--temps", default="0", help="temperatures of the target-answer passes (0 = greedy); "
+                    "sampled passes add varied contexts for the same prompts")
     ap.add_argument("--minutes", type=float, default=0, help="cap on training time (0 = none): the schedule "
                     "runs on max(step / steps, time / cap), so a slow, shared machine ends early, annealed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--n-prompts", type=int, default=None, help="use only the first N training prompts")
     ap.add_argument("--trees", default=TREES, help="tree budgets measured, DEPTHxTOPKxNODES,...; the fastest ships")
+    ap.add_argument("--fixed", action="store_true", help="verify NODES nodes every step; by default each tree is "
+                    "sized by the target's measured cost of its rows (policy.tree_budget), NODES the most")
     ap.add_argument("--eval-prompts", type=int, default=3, help="held-out prompts measured")
     ap.add_argument("--eval-tokens", type=int, default=64, help="new tokens per held-out prompt")
     ap.add_argument("--out", type=Path, default=WEIGHTS, help="folder for the weights and manifest")
@@ -102,7 +106,7 @@ def unrolled(head: Head, f0, e, pos, see, passes: int) -> list[torch.Tensor]:
 def main(argv: list[str]) -> int:
     a = _args(argv)
     t_start = time.perf_counter()
-    lm, rows, desc, vocab = prepare(a)
+    lm, rows, desc, vocab = prepare(a, [float(x) for x in a.temps.split(",")])
     hs = hidden_states(lm, [r[0] for r in rows])
     Hc, TOK, DROW, starts = examples(rows, hs, a.window)
     IDX = torch.cat([r[2] for r in rows]).long()
@@ -162,7 +166,7 @@ def main(argv: list[str]) -> int:
     prompts = distill.HELDOUT[:a.eval_prompts]
     table = {}
     for depth, topk, nodes in a.trees:
-        dr = Eagle(lm, shipped, manifest={"target": lm.name}, depth=depth, topk=topk, nodes=nodes)
+        dr = Eagle(lm, shipped, manifest={"target": lm.name}, depth=depth, topk=topk, nodes=nodes, sized=not a.fixed)
         t = time.perf_counter()
         res = acceptance(lm, dr, prompts, depth, a.eval_tokens)
         secs = time.perf_counter() - t
@@ -172,7 +176,7 @@ def main(argv: list[str]) -> int:
         print(f"tree depth {depth}, top-{topk}, {nodes} nodes: mean acceptance length "
               f"{res['mean_acceptance_length']}, {committed / secs:.1f} tokens/s")
     best = max(table.values(), key=lambda r: r["tokens_per_second"])
-    tree = dict(depth=best["depth"], topk=best["topk"], nodes=best["nodes"])
+    tree = dict(depth=best["depth"], topk=best["topk"], nodes=best["nodes"], sized=not a.fixed)
     dr = Eagle(lm, shipped, manifest={"target": lm.name, "tree": tree})
     ids = lm.encode(prompts[0])
     cache = lm.new_cache()

@@ -27,7 +27,9 @@ from ..tree import best_tree, compile_tree
 from . import distill
 from .common import (WEIGHTS, acceptance, heldout, prepare, schedule, time_forward, vocab_desc, write_manifest)
 
-SIZES = (4, 8, 12, 16, 24, 32, 48)   # tree sizes (nodes after the root) considered
+SIZES = (3, 7, 11, 15, 23, 31, 47)   # tree sizes (nodes after the root) considered: with the root they fill
+                                     # our forward's row blocks of 4 (backend.row_block), which a node past
+                                     # a block's end would make the target multiply in full
 TOPK = 8                             # ranks per head measured
 
 
@@ -45,6 +47,9 @@ def _args(argv):
     ap.add_argument("--eval-prompts", type=int, default=6, help="held-out prompts measured")
     ap.add_argument("--eval-tokens", type=int, default=96, help="new tokens per held-out prompt")
     ap.add_argument("--out", type=Path, default=WEIGHTS, help="folder for the weights and manifest")
+    ap.add_argument("--retree", action="store_true", help="keep the heads in --out; choose their tree again "
+                    "(from the manifest's head accuracies and this machine's measured tree costs) and re-measure "
+                    "the held-out acceptance")
     a = ap.parse_args(argv)
     if a.steps < 1 or a.batch < 1 or a.lr <= 0 or not 1 <= a.heads <= 8:
         ap.error("need --steps >= 1, --batch >= 1, --lr > 0 and 1 <= --heads <= 8")
@@ -131,8 +136,40 @@ def choose_tree(acc, cost: dict[int, float]):
     return best, table
 
 
+def pick_tree(lm, heads, acc, eval_prompts: int, eval_tokens: int) -> dict:
+    """The tree for these heads on this machine: the size with the most predicted tokens per second of measured
+    tree-forward time, and its held-out acceptance measured with the engine -> the manifest's fields."""
+    cost = tree_cost(lm, SIZES)
+    size, table = choose_tree(acc, cost)
+    paths = table[size]["paths"]
+    print(f"tree: {size} nodes, predicted mean acceptance length {table[size]['expected_length']}")
+    drafter = Medusa(lm, heads, manifest=dict(target=lm.name, tree=[list(p) for p in paths]))
+    res = acceptance(lm, drafter, distill.HELDOUT[:eval_prompts], drafter.default_k, eval_tokens)
+    return dict(tree=[list(p) for p in paths], tree_choice=dict(
+        chosen=size, how="Medusa's greedy tree from the head accuracies at each size; the size with the most "
+        "predicted tokens per second of measured tree-forward time",
+        sizes={T: {k: v for k, v in row.items() if k != "paths"} for T, row in table.items()},
+        one_token_forward_ms=round(cost[0] * 1e3, 2)), acceptance=res)
+
+
+def retree(a, argv) -> int:
+    """--retree: the shipped heads kept, their tree chosen again and its acceptance re-measured."""
+    import json
+    from .common import load_target
+    lm = load_target(a.threads)
+    path = a.out / "medusa.safetensors"
+    heads, man = load_heads(path)
+    man.update(pick_tree(lm, heads, man["head_accuracy"]["acc"], a.eval_prompts, a.eval_tokens),
+               tree_command="python -m specdec_core train medusa --retree")
+    path.with_name("medusa.manifest.json").write_text(json.dumps(man, indent=1) + "\n")
+    print(f"tree {man['tree']}: held-out mean acceptance length {man['acceptance']['mean_acceptance_length']}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     a = _args(argv)
+    if a.retree:
+        return retree(a, argv)
     t_start = time.perf_counter()
     lm, rows, desc, vocab = prepare(a)
     hs = hidden_states(lm, [r[0] for r in rows])
@@ -179,15 +216,9 @@ def main(argv: list[str]) -> int:
     acc = head_accuracy(lm, shipped, held)
     for d, row in enumerate(acc):
         print(f"head {d} (token t+{d + 2}): top-1 {row[0]:.3f}, top-{TOPK} {sum(row):.3f}")
-    cost = tree_cost(lm, SIZES)
-    size, table = choose_tree(acc, cost)
-    paths = table[size]["paths"]
-    print(f"tree: {size} nodes, predicted mean acceptance length {table[size]['expected_length']}")
-    manifest = dict(target=lm.name, tree=[list(p) for p in paths])
-    drafter = Medusa(lm, shipped, manifest=manifest)
-    res = acceptance(lm, drafter, distill.HELDOUT[:a.eval_prompts], drafter.default_k, a.eval_tokens)
+    picked = pick_tree(lm, shipped, acc, a.eval_prompts, a.eval_tokens)
     write_manifest("medusa", a, argv, path, dict(
-        **target_record(lm), tree=[list(p) for p in paths],
+        **target_record(lm), tree=picked["tree"],
         model=dict(heads=a.heads, hidden=H.shape[1], block="h + SiLU(W h + b), zero-initialised, then the "
                    "target's shared LM head (frozen, not shipped) over the draft vocabulary",
                    head_i_predicts="token t+2+i", dtype="float32"),
@@ -198,9 +229,5 @@ def main(argv: list[str]) -> int:
         total_seconds=round(time.perf_counter() - t_start, 1),
         head_accuracy=dict(how=f"held-out greedy answers: P(rank-r token of head d = the target's token), "
                                f"r < {TOPK}", acc=[[round(x, 4) for x in row] for row in acc]),
-        tree_choice=dict(chosen=size, how="Medusa's greedy tree from the head accuracies at each size; the size "
-                         "with the most predicted tokens per second of measured tree-forward time",
-                         sizes={T: {k: v for k, v in row.items() if k != "paths"} for T, row in table.items()},
-                         one_token_forward_ms=round(cost[0] * 1e3, 2)),
-        acceptance=res))
+        tree_choice=picked["tree_choice"], acceptance=picked["acceptance"]))
     return 0
