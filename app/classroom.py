@@ -36,7 +36,7 @@ SCENES = {
         dict(drafter="early-exit", k=1, temperature=0.0, top_p=1.0, seed=0, max_new_tokens=32, workload="chat",
              example=0),
     "A small draft model on JSON":
-        dict(drafter="draft", draft_model="distilled", k=4, temperature=0.0, top_p=1.0, seed=0, max_new_tokens=32,
+        dict(drafter="draft", draft_model="distilled", k=3, temperature=0.0, top_p=1.0, seed=0, max_new_tokens=32,
              workload="json", example=0),
     "The baseline: plain decoding":
         dict(drafter="none", k=4, temperature=0.0, top_p=1.0, seed=0, max_new_tokens=32, workload="extraction",

@@ -32,7 +32,7 @@ def _ships() -> bool:
 
 # the draft model the `draft` drafter starts on: the small one distilled for the bundled target where it ships
 # (the target drafting for itself accepts everything at T = 0 and is slower than plain decoding)
-DEFAULTS = dict(drafter="lookup", draft_model=drafters.DISTILLED if _ships() else BUNDLED, k=4, top_p=1.0, seed=0,
+DEFAULTS = dict(drafter="lookup", draft_model=drafters.DISTILLED if _ships() else BUNDLED, k=3, top_p=1.0, seed=0,
                 max_new_tokens=48,
                 workload=DEFAULT_WORKLOAD, example=0, forward="ours", k_policy="fixed", draft_sampling="sample")
 K_POLICIES = {"fixed": "fixed k", "schedule": "schedule (adaptive)", "confidence": "stop when unsure"}
@@ -144,7 +144,10 @@ def build() -> None:
                        f"load: {limits.described()} (setting `{limits.ENV_MODELS}`).")
     if e.draft_model:
         sb.caption(f"Draft models a visitor may load on this server: {limits.described()}.")
-    sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=not e.drafts)
+    sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=not e.drafts,
+              help="The verify pass scores the pending token and k drafts. On the CPU our forward multiplies rows "
+                   "in blocks of 4, so k = 3, 7 or 11 fill their block; one draft more costs a whole block "
+                   "(the Step and Draft length pages show it).")
     sb.selectbox("Draft length", list(K_POLICIES), key="k_policy", format_func=K_POLICIES.get,
                  disabled=not e.drafts,
                  help="Fixed: k every step. Schedule: start at k, +2 after a fully accepted draft, −1 otherwise "

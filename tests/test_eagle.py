@@ -188,6 +188,8 @@ def test_manifest_acceptance_reproduces(one_thread):
     if acc["forward"] != lm.forward_name:
         lm = attach_forward(LM(lm.model, lm.tokenizer, lm.name, lm.dtype, lm.device), acc["forward"])
     d = make("eagle", lm)
+    if d.sized:   # sized trees weigh measured costs: pin the manifest's, so the trees do not depend on this machine
+        d.costs, d.draft_ms = acc["block_ms"], man["draft_cost"]["propose_ms"]
     for row in acc["per_prompt"][:2]:
         _, _, m = engine.run(lm, d, lm.encode(row["prompt"]), k=acc["k"], max_new_tokens=acc["max_new_tokens"],
                              detail=False)

@@ -81,6 +81,23 @@ def test_what_the_score_pass_scored(rows):
     assert 1 < by["draft"]["scored_tokens"] <= by["draft"]["k"] + 1
     assert by["suffix"]["scored"] == "tree" and by["suffix"]["scored_tokens"] > 1
     assert by["draft"]["c"] > by["lookup"]["c"] > 0     # a model's forward per guess costs more than a search
+    # the rows multiplied: what was scored, rounded up to our forward's blocks of 4, step by step
+    assert by["none"]["scored_rows"] == 4
+    for r in by.values():
+        assert r["scored_tokens"] <= r["scored_rows"] < r["scored_tokens"] + 4
+    assert [prof.padded(n, 4) for n in (1, 3, 4, 5, 8, 9)] == [4, 4, 4, 8, 8, 12]
+    assert prof.padded(5, 1) == 5
+
+
+def test_the_backend_measures_its_row_blocks_once(target):
+    """Ours pads rows to blocks of 4 and measures a score pass of 1..4 blocks once per forward; transformers'
+    forward has no blocks and no table."""
+    be = target.backend
+    assert be.row_block == 4
+    ms = be.block_ms()
+    assert len(ms) == 4 and all(x > 0 for x in ms) and be.block_ms() is ms        # kept, not measured again
+    assert target.backend.block_ms() is ms                                         # a new wrapper, same forward
+    assert tiny_lm(0).backend.row_block == 1 and tiny_lm(0).backend.block_ms() == []
 
 
 def rec(i: int, elapsed: float, k: int = 0, tree: TreeView | None = None, **t) -> StepRecord:

@@ -172,6 +172,7 @@ class Eagle(Drafter):
         self.h, self.h_len = None, -1
         self.costs = target.backend.block_ms() if self.sized else []   # measured once per target forward
         self.block = target.backend.row_block
+        self.draft_ms: float | None = None       # the draft's ms a sized tree weighs; None: this step's own
 
     def begin(self, prompt: list[int]) -> None:
         self.h, self.h_len = None, -1
@@ -221,7 +222,8 @@ class Eagle(Drafter):
         """How many drafted nodes to verify: `nodes`, or, sized, policy.tree_budget's count (the nodes'
         cumulative draft probabilities against the target's measured cost of the rows they add)."""
         p = [math.exp(score[i]) for i in order[:self.nodes]]
-        return tree_budget(p, self.nodes, self.block, self.costs, 1e3 * draft_s)
+        return tree_budget(p, self.nodes, self.block, self.costs,
+                           1e3 * draft_s if self.draft_ms is None else self.draft_ms)
 
     def _tree(self, parent, rank, tok, score, order, budget) -> Proposal:
         """Keep the `budget` likeliest drafted nodes (prefix-closed), as rank paths and tokens in tree order."""

@@ -60,6 +60,8 @@ def _args(argv):
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--n-prompts", type=int, default=None, help="use only the first N training prompts")
     ap.add_argument("--trees", default=TREES, help="tree budgets measured, DEPTHxTOPKxNODES,...; the fastest ships")
+    ap.add_argument("--retree", action="store_true", help="keep the head in --out; choose its tree budget again "
+                    "on this machine and re-measure the held-out acceptance")
     ap.add_argument("--fixed", action="store_true", help="verify NODES nodes every step; by default each tree is "
                     "sized by the target's measured cost of its rows (policy.tree_budget), NODES the most")
     ap.add_argument("--eval-prompts", type=int, default=3, help="held-out prompts measured")
@@ -105,6 +107,8 @@ def unrolled(head: Head, f0, e, pos, see, passes: int) -> list[torch.Tensor]:
 
 def main(argv: list[str]) -> int:
     a = _args(argv)
+    if a.retree:
+        return retree(a)
     t_start = time.perf_counter()
     lm, rows, desc, vocab = prepare(a, [float(x) for x in a.temps.split(",")])
     hs = hidden_states(lm, [r[0] for r in rows])
@@ -163,30 +167,7 @@ def main(argv: list[str]) -> int:
               metadata={"window": str(W), "seed": str(a.seed), "vocab_size": str(lm.vocab_size)})
     shipped, _ = load_head(lm.model, path)   # measure exactly what ships
 
-    prompts = distill.HELDOUT[:a.eval_prompts]
-    table = {}
-    for depth, topk, nodes in a.trees:
-        dr = Eagle(lm, shipped, manifest={"target": lm.name}, depth=depth, topk=topk, nodes=nodes, sized=not a.fixed)
-        t = time.perf_counter()
-        res = acceptance(lm, dr, prompts, depth, a.eval_tokens)
-        secs = time.perf_counter() - t
-        committed = sum(r["committed"] for r in res["per_prompt"])
-        table[f"{depth}x{topk}x{nodes}"] = dict(depth=depth, topk=topk, nodes=nodes, result=res,
-                                                 tokens_per_second=round(committed / secs, 2))
-        print(f"tree depth {depth}, top-{topk}, {nodes} nodes: mean acceptance length "
-              f"{res['mean_acceptance_length']}, {committed / secs:.1f} tokens/s")
-    best = max(table.values(), key=lambda r: r["tokens_per_second"])
-    tree = dict(depth=best["depth"], topk=best["topk"], nodes=best["nodes"], sized=not a.fixed)
-    dr = Eagle(lm, shipped, manifest={"target": lm.name, "tree": tree})
-    ids = lm.encode(prompts[0])
-    cache = lm.new_cache()
-    _, h = lm.forward(ids, cache, last_only=True, hidden=True)
-    dr.observe(h[-1], len(ids))
-    from ..drafters import DraftContext
-    from ..sampling import SamplingParams
-    ctx = DraftContext(tokens=ids.tolist() + [int(ids[-1])], prompt_len=len(ids), k=tree["depth"],
-                       sp=SamplingParams(), gen=None)
-    draft_s = time_forward(lambda: dr.propose(ctx), reps=5)
+    picked = pick_tree(lm, shipped, a)
     write_manifest("eagle", a, argv, path, dict(
         **target_record(lm), tree=tree,
         model=dict(hidden=int(Hc.shape[1]), block="fc([f ; embed(x)]) -> one Llama decoder layer (started as "
@@ -202,11 +183,59 @@ def main(argv: list[str]) -> int:
              "CE(p || q) over the target's top-64 + rest; final_loss shows CE as KL",
         final_loss={k: round(v, 4) for k, v in ema.items()}, train_seconds=round(train_s, 1),
         total_seconds=round(time.perf_counter() - t_start, 1),
+        **picked))
+    return 0
+
+
+def pick_tree(lm, head: Head, a) -> dict:
+    """The tree budget for this head on this machine (held-out greedy engine runs for each of --trees; the most
+    committed tokens per second of wall time ships), its acceptance there, and the draft's cost -> the
+    manifest's tree, tree_choice, draft_cost and acceptance (with the block costs a sized tree weighed)."""
+    prompts = distill.HELDOUT[:a.eval_prompts]
+    table = {}
+    for depth, topk, nodes in a.trees:
+        dr = Eagle(lm, head, manifest={"target": lm.name}, depth=depth, topk=topk, nodes=nodes, sized=not a.fixed)
+        t = time.perf_counter()
+        res = acceptance(lm, dr, prompts, depth, a.eval_tokens)
+        secs = time.perf_counter() - t
+        committed = sum(r["committed"] for r in res["per_prompt"])
+        table[f"{depth}x{topk}x{nodes}"] = dict(depth=depth, topk=topk, nodes=nodes, result=res,
+                                                 tokens_per_second=round(committed / secs, 2))
+        print(f"tree depth {depth}, top-{topk}, {nodes} nodes: mean acceptance length "
+              f"{res['mean_acceptance_length']}, {committed / secs:.1f} tokens/s")
+    best = max(table.values(), key=lambda r: r["tokens_per_second"])
+    tree = dict(depth=best["depth"], topk=best["topk"], nodes=best["nodes"], sized=not a.fixed)
+    dr = Eagle(lm, head, manifest={"target": lm.name, "tree": tree})
+    ids = lm.encode(prompts[0])
+    cache = lm.new_cache()
+    _, h = lm.forward(ids, cache, last_only=True, hidden=True)
+    dr.observe(h[-1], len(ids))
+    from ..drafters import DraftContext
+    from ..sampling import SamplingParams
+    ctx = DraftContext(tokens=ids.tolist() + [int(ids[-1])], prompt_len=len(ids), k=tree["depth"],
+                       sp=SamplingParams(), gen=None)
+    draft_s = time_forward(lambda: dr.propose(ctx), reps=5)
+    return dict(
+        tree=tree,
         tree_choice=dict(how="held-out greedy engine runs for each budget; the most committed tokens per "
                          "second of wall time ships", budgets={k: dict(mean_acceptance_length=v["result"]
                          ["mean_acceptance_length"], tokens_per_second=v["tokens_per_second"])
                          for k, v in table.items()}),
         draft_cost=dict(propose_ms=round(draft_s * 1e3, 2),
                         one_token_forward_ms=round(target_step_cost(lm) * 1e3, 2)),
-        acceptance=best["result"]))
+        acceptance=dict(best["result"], block_ms=[round(x, 3) for x in dr.costs]))
+
+
+def retree(a) -> int:
+    """--retree: the head in --out kept, its tree budget chosen again on this machine and its acceptance
+    re-measured (after a change to how trees are sized or verified, or on another machine)."""
+    import json
+    from .common import load_target
+    lm = load_target(a.threads)
+    path = a.out / "eagle.safetensors"
+    head, man = load_head(lm.model, path)
+    man.update(pick_tree(lm, head, a), tree_command="python -m specdec_core train eagle --retree --trees "
+               + ",".join("x".join(map(str, t)) for t in a.trees) + (" --fixed" if a.fixed else ""))
+    path.with_name("eagle.manifest.json").write_text(json.dumps(man, indent=1) + "\n")
+    print(f"tree {man['tree']}: held-out mean acceptance length {man['acceptance']['mean_acceptance_length']}")
     return 0

@@ -41,6 +41,7 @@ def _args(argv):
     ap.add_argument("--batch", type=int, default=512, help="positions per step")
     ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (tokens the heads rank)")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--temps", default="0", help="temperatures of the target-answer passes (0 = greedy)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--n-prompts", type=int, default=None, help="use only the first N training prompts")
@@ -171,7 +172,7 @@ def main(argv: list[str]) -> int:
     if a.retree:
         return retree(a, argv)
     t_start = time.perf_counter()
-    lm, rows, desc, vocab = prepare(a)
+    lm, rows, desc, vocab = prepare(a, [float(x) for x in a.temps.split(",")])
     hs = hidden_states(lm, [r[0] for r in rows])
     H, tgt, IDX, LOGP = examples(rows, hs, a.heads)
     print(f"{H.shape[0]} training positions, {a.heads} heads")
