@@ -144,7 +144,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the every-drafter prompt (default: the app's default prompt, the first extraction one)")
     _repeats(r)
     _common(r)
-    r.set_defaults(k=4, max_new_tokens=32)   # the Workloads page's defaults
+    r.set_defaults(k=3, max_new_tokens=32)   # the Workloads page's defaults (the sidebar's)
     t = sub.add_parser("train", help="train a draft source for the bundled target", add_help=False)
     t.add_argument("kind", choices=TRAINED)
     return ap
