@@ -17,6 +17,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from specdec_core import ModelError, load
+from app import sidebar
 from specdec_core.drafters import NAMES
 from tests.test_app import set_controls
 from tests.test_models import save_tiny
@@ -278,7 +279,7 @@ def test_the_most_new_tokens_are_accepted(at):
 @pytest.mark.parametrize("key, bad, kept", [
     ("k", 999, 12), ("k", 0, 1), ("temperature", -1.0, 0.0), ("temperature", 9.0, 2.0), ("top_p", 0.0, 0.05),
     ("seed", -5, 0), ("seed", 2**31, 2**31 - 1), ("max_new_tokens", 0, 1), ("max_new_tokens", 100_000, 512),
-    ("k", "many", 4), ("temperature", float("nan"), 0.0),
+    ("k", "many", sidebar.DEFAULTS["k"]), ("temperature", float("nan"), 0.0),
 ])
 def test_a_value_out_of_range_in_the_session_is_brought_in_and_said(key, bad, kept):
     """As code, a scene or a link would put it in st.session_state before the controls are drawn: the
