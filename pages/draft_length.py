@@ -37,7 +37,9 @@ with c1:
                                   help="Starts on the draft model (the sidebar's, distilled by default): its "
                                        "cost per guess gives a best k inside the range. Plain decoding is the "
                                        "baseline.")
-    ks = measure.pick_values("Draft lengths k", "k_values", KS, [1, 2, 4, 8], help="One point per k and drafter.")
+    ks = measure.pick_values("Draft lengths k", "k_values", KS, [1, 2, 3, 4, 7, 8],
+                             help="One point per k and drafter. 3 and 4, 7 and 8 side by side show the row blocks: "
+                                  "k + 1 = 4 or 8 rows fill their block, one draft more pays for a whole block.")
 with c2:
     wl = st.selectbox("Prompts from the workload", [n for n in WORKLOADS if WORKLOADS[n].batch_size == 1],
                       key="k_workload", format_func=lambda n: WORKLOADS[n].label)
@@ -168,8 +170,10 @@ st.markdown(
 st.markdown(
     "**Why the measurement may differ from the prediction.** The formula assumes each guess is kept "
     "independently with the same probability α, and that verifying k + 1 tokens costs the same as one target "
-    "pass. On a CPU the second is roughly true for short drafts (per-pass overhead dominates) but the pass grows "
-    "slowly with k, and Python bookkeeping per step adds a fixed cost the formula does not count. Acceptance "
+    "pass. On this CPU our forward multiplies rows in blocks of 4: scoring the pending token and up to 3 drafts "
+    "costs one plain pass, the 4th draft starts a second block, which costs more than all the drafts in the "
+    "first (the verify pass times above show the step), and Python bookkeeping per step adds a fixed cost the "
+    "formula does not count. Acceptance "
     "is not independent either: the right panel may show it changing with position (a drafter that copies text, "
     "once its first guesses are right, is usually copying the right span, so later positions are kept more "
     "often). Prompt lookup also drafts nothing when "
