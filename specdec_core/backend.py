@@ -109,10 +109,13 @@ class Ours:
             self.forward(torch.arange(context) % n_ids, cache)
             sizes = [self.row_block * j for j in range(1, blocks + 1)]
             ms = {n: [] for n in sizes}
+            sync = torch.cuda.synchronize if self.fwd.device.type == "cuda" else (lambda: None)
             for r in range(reps + 1):
                 for n in sizes:
+                    sync()
                     t = time.perf_counter()
                     self.forward(torch.arange(n) % n_ids, cache)
+                    sync()
                     if r:                                      # the first round warms the shapes up
                         ms[n].append(1e3 * (time.perf_counter() - t))
                     cache.crop(-n)
