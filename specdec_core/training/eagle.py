@@ -60,6 +60,8 @@ def _args(argv):
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--n-prompts", type=int, default=None, help="use only the first N training prompts")
     ap.add_argument("--trees", default=TREES, help="tree budgets measured, DEPTHxTOPKxNODES,...; the fastest ships")
+    ap.add_argument("--init", type=Path, default=None, help="start from this trained head (eagle.safetensors) "
+                    "instead of the target's last layer")
     ap.add_argument("--retree", action="store_true", help="keep the head in --out; choose its tree budget again "
                     "on this machine and re-measure the held-out acceptance")
     ap.add_argument("--fixed", action="store_true", help="verify NODES nodes every step; by default each tree is "
@@ -117,6 +119,11 @@ def main(argv: list[str]) -> int:
     LOGP = torch.cat([r[3] for r in rows]).float()
     print(f"{len(starts)} training windows of {a.window} positions")
     head = Head.for_target(lm.model, vocab).train()
+    if a.init:   # go on from a trained head (its draft vocabulary must be the one picked here)
+        start, _ = load_head(lm.model, a.init)
+        if start.vocab is None or not torch.equal(start.vocab.ids, vocab.ids):
+            raise SystemExit(f"--init {a.init}: its draft vocabulary differs from this data's; train from scratch")
+        head.load_state_dict(start.state_dict())
     emb = lm.model.get_input_embeddings().weight.detach()                           # [V, H] frozen
     head_w = head_weight(head, lm.model.get_output_embeddings()).detach()          # [v, H] frozen
     opt = torch.optim.AdamW(head.parameters(), lr=a.lr, weight_decay=0.0)
@@ -169,7 +176,7 @@ def main(argv: list[str]) -> int:
 
     picked = pick_tree(lm, shipped, a)
     write_manifest("eagle", a, argv, path, dict(
-        **target_record(lm), tree=tree,
+        **target_record(lm),
         model=dict(hidden=int(Hc.shape[1]), block="fc([f ; embed(x)]) -> one Llama decoder layer (started as "
                    "the target's last layer) -> RMSNorm -> the target's LM head (frozen, not shipped) over the "
                    "draft vocabulary", feature="the target's final-norm hidden state (the LM head's input)",
