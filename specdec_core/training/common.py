@@ -39,7 +39,7 @@ def chain_parser(kind: str, steps: int) -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--batch", type=int, default=16, help="sequences per step")
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--temps", default="0", help="temperatures of the target-answer passes (0 = greedy)")
+    add_temps(ap)
     ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (tokens scored by the draft)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
@@ -48,6 +48,13 @@ def chain_parser(kind: str, steps: int) -> argparse.ArgumentParser:
     ap.add_argument("--eval-tokens", type=int, default=96, help="new tokens per held-out prompt")
     ap.add_argument("--out", type=Path, default=WEIGHTS, help="folder for the weights and manifest")
     return ap
+
+
+def add_temps(ap: argparse.ArgumentParser) -> None:
+    """--temps, read by `prepare`: one answer pass per temperature (sampled passes add varied contexts for the
+    same prompts)."""
+    ap.add_argument("--temps", default="0", help="temperatures of the target-answer passes (0 = greedy), "
+                    "comma-separated")
 
 
 def parse_chain_args(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -67,12 +74,12 @@ def load_target(threads: int):
     return load("bundled", dtype="bf16", device="cpu")
 
 
-def prepare(a, temps=(0.0,)):
-    """What every trainer starts from: seeded, the target loaded, its answers taken (one pass per temperature),
-    the draft vocabulary picked -> (lm, rows, description, vocab)."""
+def prepare(a):
+    """What every trainer starts from: seeded, the target loaded, its answers taken (one pass per temperature of
+    --temps), the draft vocabulary picked -> (lm, rows, description, vocab)."""
     torch.manual_seed(a.seed)
     lm = load_target(a.threads)
-    rows, desc = data(lm, a.n_prompts, temps)
+    rows, desc = data(lm, a.n_prompts, [float(x) for x in a.temps.split(",")])
     return lm, rows, desc, make_vocab(lm, rows, a.vocab)
 
 
@@ -185,6 +192,17 @@ def write_manifest(kind: str, a, argv, path: Path, manifest: dict) -> None:
     m = manifest["acceptance"]
     print(f"held-out greedy, k={m['k']}: mean acceptance length {m['mean_acceptance_length']}, "
           f"acceptance rate {m['acceptance_rate']}")
+
+
+def rewrite_manifest(kind: str, folder: Path, fields: dict, command: str) -> dict:
+    """`train KIND --retree`: the manifest in `folder` with `fields` chosen again and the command that did it
+    (`tree_command`), written back; the weights are untouched. Returns it."""
+    path = folder / f"{kind}.manifest.json"
+    man = json.loads(path.read_text())
+    man.update(fields, tree_command=command)
+    path.write_text(json.dumps(man, indent=1) + "\n")
+    print(f"tree {man['tree']}: held-out mean acceptance length {man['acceptance']['mean_acceptance_length']}")
+    return man
 
 
 # ---------------------------------------------------------------- the shared training loop

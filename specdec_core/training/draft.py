@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
 
 def train_draft(a, argv) -> int:
     t_start = time.perf_counter()
-    lm, rows, desc, vocab = prepare(a, [float(x) for x in a.temps.split(",")])
+    lm, rows, desc, vocab = prepare(a)
     layers = [int(x) for x in a.init_layers.split(",")]
     m = distilled.from_target(lm.model, layers).train()
     m.model.embed_tokens.weight.requires_grad_(False)  # shared with the target at load time: must not move

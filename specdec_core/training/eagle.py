@@ -35,7 +35,8 @@ from tqdm.auto import tqdm
 from ..drafters import target_record
 from ..drafters.eagle import Eagle, Head, head_weight, load_head
 from . import distill
-from .common import WEIGHTS, acceptance, prepare, schedule, target_step_cost, time_forward, write_manifest
+from .common import (WEIGHTS, acceptance, add_temps, load_target, prepare, rewrite_manifest, schedule,
+                     target_step_cost, time_forward, write_manifest)
 from .medusa import hidden_states
 
 W_CE = 1.0                                   # weight of the distribution loss against the feature loss
@@ -52,8 +53,7 @@ def _args(argv):
                     "--window = every position sees exactly what drafting computes")
     ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (tokens the head ranks)")
     ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--temps", default="0", help="temperatures of the target-answer passes (0 = greedy); "
-                    "sampled passes add varied contexts for the same prompts")
+    add_temps(ap)
     ap.add_argument("--minutes", type=float, default=0, help="cap on training time (0 = none): the schedule "
                     "runs on max(step / steps, time / cap), so a slow, shared machine ends early, annealed")
     ap.add_argument("--seed", type=int, default=0)
@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
     if a.retree:
         return retree(a)
     t_start = time.perf_counter()
-    lm, rows, desc, vocab = prepare(a, [float(x) for x in a.temps.split(",")])
+    lm, rows, desc, vocab = prepare(a)
     hs = hidden_states(lm, [r[0] for r in rows])
     Hc, TOK, DROW, starts = examples(rows, hs, a.window)
     IDX = torch.cat([r[2] for r in rows]).long()
@@ -236,13 +236,8 @@ def pick_tree(lm, head: Head, a) -> dict:
 def retree(a) -> int:
     """--retree: the head in --out kept, its tree budget chosen again on this machine and its acceptance
     re-measured (after a change to how trees are sized or verified, or on another machine)."""
-    import json
-    from .common import load_target
     lm = load_target(a.threads)
-    path = a.out / "eagle.safetensors"
-    head, man = load_head(lm.model, path)
-    man.update(pick_tree(lm, head, a), tree_command="python -m specdec_core train eagle --retree --trees "
-               + ",".join("x".join(map(str, t)) for t in a.trees) + (" --fixed" if a.fixed else ""))
-    path.with_name("eagle.manifest.json").write_text(json.dumps(man, indent=1) + "\n")
-    print(f"tree {man['tree']}: held-out mean acceptance length {man['acceptance']['mean_acceptance_length']}")
+    head, _ = load_head(lm.model, a.out / "eagle.safetensors")
+    rewrite_manifest("eagle", a.out, pick_tree(lm, head, a), "python -m specdec_core train eagle --retree --trees "
+                     + ",".join("x".join(map(str, t)) for t in a.trees) + (" --fixed" if a.fixed else ""))
     return 0

@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
 
 def train_early_exit(a, argv) -> int:
     t_start = time.perf_counter()
-    lm, rows, desc, vocab = prepare(a, [float(x) for x in a.temps.split(",")])
+    lm, rows, desc, vocab = prepare(a)
     cands = sorted({int(x) for x in a.layers.split(",")})
     model = lm.model
     exits = {L: ee.Exit.for_target(model, L, vocab).train() for L in cands}

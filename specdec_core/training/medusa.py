@@ -25,7 +25,8 @@ from ..drafters import target_record
 from ..drafters.medusa import Heads, Medusa, head_weight, load_heads, ranked
 from ..tree import best_tree, compile_tree
 from . import distill
-from .common import (WEIGHTS, acceptance, heldout, prepare, schedule, time_forward, vocab_desc, write_manifest)
+from .common import (WEIGHTS, acceptance, add_temps, heldout, load_target, prepare, rewrite_manifest, schedule,
+                     time_forward, vocab_desc, write_manifest)
 
 SIZES = (3, 7, 11, 15, 23, 31, 47)   # tree sizes (nodes after the root) considered: with the root they fill
                                      # our forward's row blocks of 4 (backend.row_block), which a node past
@@ -41,7 +42,7 @@ def _args(argv):
     ap.add_argument("--batch", type=int, default=512, help="positions per step")
     ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (tokens the heads rank)")
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--temps", default="0", help="temperatures of the target-answer passes (0 = greedy)")
+    add_temps(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--n-prompts", type=int, default=None, help="use only the first N training prompts")
@@ -153,26 +154,21 @@ def pick_tree(lm, heads, acc, eval_prompts: int, eval_tokens: int) -> dict:
         one_token_forward_ms=round(cost[0] * 1e3, 2)), acceptance=res)
 
 
-def retree(a, argv) -> int:
+def retree(a) -> int:
     """--retree: the shipped heads kept, their tree chosen again and its acceptance re-measured."""
-    import json
-    from .common import load_target
     lm = load_target(a.threads)
-    path = a.out / "medusa.safetensors"
-    heads, man = load_heads(path)
-    man.update(pick_tree(lm, heads, man["head_accuracy"]["acc"], a.eval_prompts, a.eval_tokens),
-               tree_command="python -m specdec_core train medusa --retree")
-    path.with_name("medusa.manifest.json").write_text(json.dumps(man, indent=1) + "\n")
-    print(f"tree {man['tree']}: held-out mean acceptance length {man['acceptance']['mean_acceptance_length']}")
+    heads, man = load_heads(a.out / "medusa.safetensors")
+    rewrite_manifest("medusa", a.out, pick_tree(lm, heads, man["head_accuracy"]["acc"], a.eval_prompts,
+                                                a.eval_tokens), "python -m specdec_core train medusa --retree")
     return 0
 
 
 def main(argv: list[str]) -> int:
     a = _args(argv)
     if a.retree:
-        return retree(a, argv)
+        return retree(a)
     t_start = time.perf_counter()
-    lm, rows, desc, vocab = prepare(a, [float(x) for x in a.temps.split(",")])
+    lm, rows, desc, vocab = prepare(a)
     hs = hidden_states(lm, [r[0] for r in rows])
     H, tgt, IDX, LOGP = examples(rows, hs, a.heads)
     print(f"{H.shape[0]} training positions, {a.heads} heads")
