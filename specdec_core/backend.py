@@ -57,7 +57,19 @@ def of(lm) -> "Ours | Theirs":
 
 # ---------------------------------------------------------------- ours
 
-class Ours:
+class Backend:
+    """What both backends share: the rollback decision. Each says how to truncate and how to compact."""
+
+    def keep(self, cache, start: int, kept: list[int], row: int = 0) -> None:
+        """After a forward appended slots from `start`: keep start + kept. Kept slots in order (a chain's accepted
+        prefix) need only a truncation; others (a tree's path) are moved into place."""
+        if kept == list(range(len(kept))):
+            self.truncate(cache, start + len(kept), row)
+        else:
+            self.compact(cache, start, torch.tensor(kept), row)
+
+
+class Ours(Backend):
     """Our forward (forward.py): rows of a static cache; rollback sets a length, a tree's path is compacted."""
     name = "ours"
 
@@ -87,11 +99,8 @@ class Ours:
     def compact(self, cache, start: int, keep: torch.Tensor, row: int = 0) -> None:
         cache.compact(row, start, keep)
 
-    def keep(self, cache, start: int, kept: list[int], row: int = 0) -> None:
-        if kept != list(range(len(kept))):
-            self.compact(cache, start, torch.tensor(kept), row)
-        else:
-            cache.set_length(row, start + len(kept))
+    def truncate(self, cache, end: int, row: int = 0) -> None:
+        cache.set_length(row, end)
 
     def rows(self, B: int, hidden: bool) -> "Rows":
         return Rows(self, B, hidden)
@@ -203,7 +212,7 @@ def cache_kw(module) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
-class Theirs:
+class Theirs(Backend):
     """transformers' forward: a DynamicCache that grows by what is run and is cropped (or a tree's path
     compacted) on rollback. `model` (the causal LM) may be None: then `dec` and `head` run it."""
     name = "hf"
@@ -262,10 +271,8 @@ class Theirs:
             layer.keys = layer.keys[..., :start + n, :]
             layer.values = layer.values[..., :start + n, :]
 
-    def keep(self, cache, start: int, kept: list[int], row: int = 0) -> None:
-        if kept != list(range(len(kept))):
-            self.compact(cache, start, torch.tensor(kept), row)
-        elif (drop := cache.get_seq_length() - start - len(kept)) > 0:
+    def truncate(self, cache, end: int, row: int = 0) -> None:
+        if (drop := cache.get_seq_length() - end) > 0:
             cache.crop(-drop)
 
     def rows(self, B: int, hidden: bool) -> "Holes":
