@@ -197,6 +197,12 @@ def test_prompt_set_is_varied_and_disjoint_from_benchmarks():
     assert len(train) >= 600 and len(set(train)) == len(train)
     assert not bench & set(train) and not set(distill.HELDOUT) & set(train)
     assert bench <= distill.bench_prompts()
+    # the fresh evaluation prompts (docs/fresh-prompts.jsonl) are never trained on either
+    fresh = {json.loads(line)["prompt"] for line in distill.FRESH.read_text().splitlines() if line.strip()}
+    assert fresh and fresh <= distill.bench_prompts() and not fresh & set(train)
+    # groups are trained in order, each cached apart: the later one adds prompts, never repeats one
+    first, second = distill.training_groups()
+    assert train == first + second and second and not set(first) & set(second)
     low = [p.lower() for p in distill.PROMPTS]
     for word in ("python", "json", "extract", "write a short", "describe", "what"):
         assert sum(word in p for p in low) >= 5, word

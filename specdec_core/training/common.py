@@ -87,16 +87,22 @@ def data(lm, n_prompts=None, temps=(0.0,)) -> tuple[list[tuple], dict]:
     """[(seq, answer_start, idx, logp)] from one pass per temperature, and a description for the manifest."""
     rows, passes = [], []
     t0 = time.perf_counter()
-    prompts = distill.training_prompts()
+    groups, left = [], len(distill.training_prompts()) if n_prompts is None else n_prompts
+    for g in distill.training_groups():       # the first n_prompts, each group's answers cached apart
+        if left > 0 and g:
+            groups.append(g[:left])
+            left -= len(groups[-1])
     for temp in temps:
-        info = distill.samples_info(lm, n_prompts=n_prompts, temperature=temp, seed=0, prompts=prompts,
-                                    batch_size=32)
-        dists = distill.target_dists(lm, info["seqs"])
-        for s, pl, (i, lp) in zip(info["seqs"], info["prompt_lens"], dists):
-            if len(s) > pl:
-                rows.append((s, pl, i, lp))
-        passes.append(dict(temperature=temp, seed=0, prompts=info["n_prompts"], answer_tokens=info["answer_tokens"],
-                           max_new_tokens=info["max_new_tokens"], generate_seconds=round(info["seconds"], 1)))
+        p = dict(temperature=temp, seed=0, prompts=0, answer_tokens=0, max_new_tokens=0, generate_seconds=0.0)
+        for g in groups:
+            info = distill.samples_info(lm, temperature=temp, seed=0, prompts=g, batch_size=32)
+            dists = distill.target_dists(lm, info["seqs"])
+            for s, pl, (i, lp) in zip(info["seqs"], info["prompt_lens"], dists):
+                if len(s) > pl:
+                    rows.append((s, pl, i, lp))
+            p.update(prompts=p["prompts"] + info["n_prompts"], answer_tokens=p["answer_tokens"] + info["answer_tokens"],
+                     max_new_tokens=info["max_new_tokens"], generate_seconds=round(p["generate_seconds"] + info["seconds"], 1))
+        passes.append(p)
     desc = dict(source="the bundled target's own answers to distill.training_prompts() (chat template), bf16",
                 passes=passes, soft_targets="target top-64 log-probs + rest mass at every answer position",
                 answer_tokens=sum(p["answer_tokens"] for p in passes),

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .prompts import expanded
+from .prompts import expanded, more
 
 CACHE_DIR = Path("runs/distill")
 
@@ -222,15 +222,27 @@ HELDOUT: list[str] = [
 ]
 
 
+FRESH = Path(__file__).resolve().parents[2] / "docs" / "fresh-prompts.jsonl"
+
+
 def bench_prompts() -> set[str]:
-    """Every prompt of the benchmark files: never trained on."""
+    """Every prompt of the benchmark files and of the fresh evaluation set (when present): never trained on."""
     from ..bench.workloads import PROMPT_DIR, load_jsonl
-    return {r["prompt"] for f in sorted(PROMPT_DIR.glob("*.jsonl")) for r in load_jsonl(f)}
+    files = sorted(PROMPT_DIR.glob("*.jsonl")) + ([FRESH] if FRESH.exists() else [])
+    return {r["prompt"] for f in files for r in load_jsonl(f)}
+
+
+def training_groups() -> list[list[str]]:
+    """The training prompts in the groups they were added in, each group's answers cached apart: the
+    hand-written prompts and the first templates, then prompts.more(); benchmark and held-out ones dropped."""
+    first = PROMPTS + expanded(exclude=set(PROMPTS) | set(HELDOUT) | bench_prompts())
+    seen = set(first) | set(HELDOUT) | bench_prompts()
+    return [first, [p for p in dict.fromkeys(more()) if p not in seen]]
 
 
 def training_prompts() -> list[str]:
-    """The hand-written prompts, then the template ones (prompts.py), minus benchmark and held-out ones."""
-    return PROMPTS + expanded(exclude=set(PROMPTS) | set(HELDOUT) | bench_prompts())
+    """Every training prompt, the groups in order."""
+    return [p for g in training_groups() for p in g]
 
 
 def _key(lm, **kw) -> str:

@@ -171,3 +171,131 @@ def expanded(exclude: set[str] = frozenset()) -> list[str]:
             seen.add(p)
             out.append(p)
     return out
+
+
+# A second group, added once the first had been trained on (its answers cached apart, so adding it regenerated
+# nothing): requests phrased the way people ask for code and JSON: a named signature in backticks, typed
+# fields, concrete values. Distinct from the fresh evaluation prompts (docs/fresh-prompts.jsonl), which are
+# excluded by text like the benchmark files.
+SIGNATURES = [
+    ("word_lengths(words)", "returns a dictionary mapping each word to its length"),
+    ("flatten(nested)", "flattens a list of lists into one list"),
+    ("dedupe(xs)", "removes duplicates from a list while keeping the first occurrence order"),
+    ("count_words(text)", "returns how many times each word appears in a text, ignoring case"),
+    ("is_palindrome(s)", "checks whether a string reads the same backwards, ignoring spaces and case"),
+    ("pairwise_sums(xs)", "returns the sums of each pair of neighbouring elements"),
+    ("top_n(scores, n)", "returns the n highest values of a list in descending order"),
+    ("safe_divide(a, b)", "divides a by b and returns None when b is zero"),
+    ("parse_kv(line)", "parses a string like 'a=1;b=2' into a dictionary"),
+    ("to_snake_case(name)", "converts a CamelCase name to snake_case"),
+    ("chunk_string(s, n)", "splits a string into pieces of length n"),
+    ("transpose(matrix)", "transposes a matrix given as a list of lists"),
+    ("invert_dict(d)", "swaps the keys and values of a dictionary"),
+    ("moving_average(xs, k)", "returns the averages of every window of k consecutive values"),
+    ("first_repeated(s)", "returns the first character that appears twice in a string, or None"),
+    ("group_by_length(words)", "groups words into a dictionary keyed by their length"),
+    ("clip_list(xs, lo, hi)", "limits every value of a list to the range lo..hi"),
+    ("count_evens(xs)", "returns how many even numbers a list holds"),
+    ("char_frequency(s)", "returns a dictionary of how often each character occurs"),
+    ("merge_sorted(a, b)", "merges two sorted lists into one sorted list without sorting again"),
+    ("binary_search(xs, target)", "returns the index of target in a sorted list, or -1"),
+    ("gcd(a, b)", "returns the greatest common divisor of two integers with Euclid's algorithm"),
+    ("digits(n)", "returns the decimal digits of a non-negative integer as a list"),
+    ("zip_dict(keys, values)", "builds a dictionary from a list of keys and a list of values"),
+    ("second_largest(xs)", "returns the second largest distinct value of a list"),
+    ("split_even_odd(xs)", "returns two lists, the even numbers and the odd numbers"),
+    ("normalize(xs)", "scales a list of numbers so that they sum to one"),
+    ("longest_word(text)", "returns the longest word of a sentence"),
+    ("cumulative_product(xs)", "returns the running products of a list"),
+    ("rle_encode(s)", "run-length encodes a string, so 'aaab' becomes 'a3b1'"),
+    ("rle_decode(s)", "decodes a run-length encoded string like 'a3b1'"),
+    ("filter_keys(d, keys)", "returns a copy of a dictionary with only the given keys"),
+    ("sum_nested(d)", "sums all the numbers in a dictionary whose values may be dictionaries too"),
+    ("is_anagram(a, b)", "checks whether two words are anagrams of each other"),
+    ("unique_chars(s)", "checks whether every character of a string is different"),
+    ("index_of_max(xs)", "returns the index of the largest element of a list"),
+    ("repeat_each(xs, n)", "repeats every element of a list n times in place"),
+    ("percent_change(old, new)", "returns the percentage change from old to new, rounded to two decimals"),
+    ("mask_email(email)", "hides all but the first letter of the name part of an email address"),
+    ("sort_by_age(people)", "sorts a list of dictionaries with a 'name' and an 'age' by age"),
+    ("days_in_month(year, month)", "returns the number of days in a month, leap years included"),
+    ("roman_to_int(s)", "converts a Roman numeral to an integer"),
+    ("int_to_binary(n)", "returns the binary representation of a non-negative integer as a string"),
+    ("valid_brackets(s)", "checks whether the brackets (), [] and {} in a string are balanced"),
+    ("word_wrap(text, width)", "wraps a text into lines of at most width characters"),
+    ("nth_prime(n)", "returns the n-th prime number"),
+    ("count_upper(s)", "counts the upper-case letters of a string"),
+    ("average_by_key(rows, key)", "averages the values under one key of a list of dictionaries"),
+    ("remove_falsy(xs)", "removes every falsy value from a list"),
+    ("interleave(a, b)", "interleaves two lists element by element"),
+]
+
+OTHER_LANGS = ["JavaScript", "TypeScript", "Go", "Rust", "Java", "C#"]   # camelCase names but in Rust
+
+FIELDS = [
+    ("a laptop", "brand, model, ram_gb (a number), ports (a list of strings) and in_stock (a boolean)"),
+    ("a concert ticket", "artist, venue, date, seat and price"),
+    ("a weather forecast", "city, date, high_c, low_c and conditions (a list of strings)"),
+    ("a user profile", "username, email, age, verified (a boolean) and interests (a list of strings)"),
+    ("a flight", "number, airline, from, to, departure and on_time (a boolean)"),
+    ("a recipe", "name, servings, minutes and ingredients (a list of strings)"),
+    ("a hotel booking", "guest, hotel, nights, room_type and paid (a boolean)"),
+    ("a car", "make, model, year, electric (a boolean) and colors (a list of strings)"),
+    ("a library loan", "book_title, borrower, due_date and returned (a boolean)"),
+    ("a support ticket", "id, title, priority, status and tags (a list of strings)"),
+    ("a museum", "name, city, founded, free_entry (a boolean) and collections (a list of strings)"),
+    ("a product review", "product, rating (1 to 5), title, text and helpful_votes"),
+    ("an employee", "id, name, department, salary and skills (a list of strings)"),
+    ("a marathon result", "runner, bib, time, age_group and finished (a boolean)"),
+    ("a shipment", "tracking_number, carrier, weight_kg, destination and delivered (a boolean)"),
+    ("a to-do item", "id, title, due, done (a boolean) and labels (a list of strings)"),
+    ("a song", "title, artist, album, year and duration_seconds"),
+    ("a country", "name, capital, population, languages (a list of strings) and landlocked (a boolean)"),
+    ("a bicycle", "brand, type, gears, weight_kg and accessories (a list of strings)"),
+    ("a network device", "hostname, ip, mac, online (a boolean) and open_ports (a list of numbers)"),
+]
+
+VALUES = [
+    ("a movie", "title, director, year and genres (a list of strings)", "the movie 'Alien' by Ridley Scott, 1979"),
+    ("a person", "name, age, city and languages (a list of strings)", "Marta, 34, from Madrid, speaks Spanish and English"),
+    ("a product", "name, price, currency and in_stock (a boolean)", "a blue mug at 8.50 euros, in stock"),
+    ("a meeting", "title, date, start, end and attendees (a list of strings)",
+     "the budget review on 12 May from 10:00 to 11:00 with Ana, Ben and Carl"),
+    ("a book", "title, author, pages and available (a boolean)", "'Emma' by Jane Austen, 474 pages, available"),
+    ("a city", "name, country, population and rivers (a list of strings)", "Prague, Czechia, 1.3 million, the Vltava"),
+    ("an order", "id, customer, items (a list of strings) and total", "order 991 for Li Wei: a lamp and two bulbs, 42 dollars"),
+    ("a game", "title, studio, year and platforms (a list of strings)", "'Portal' by Valve, 2007, on PC and Xbox"),
+]
+
+PLURAL_FIELDS = [
+    ("countries", "name, capital and population"), ("fruits", "name, color and calories"),
+    ("programming languages", "name, year and typed (a boolean)"), ("books", "title, author and year"),
+    ("cars", "make, model and year"), ("employees", "name, role and salary"),
+    ("songs", "title, artist and seconds"), ("birds", "name, wingspan_cm and migrates (a boolean)"),
+    ("mountains", "name, height_m and country"), ("students", "name, grade and passed (a boolean)"),
+    ("oceans", "name and area_km2"), ("coins", "name, symbol and price_usd"),
+]
+
+
+def more() -> list[str]:
+    """The second group: code with named signatures, JSON with typed fields and given values."""
+    out = [f"Write a Python function `{sig}` that {task}." for sig, task in SIGNATURES]
+    out += [f"Write a Python function `{sig}` that {task}. Include a docstring and type hints." for sig, task in
+            SIGNATURES[::3]]
+    out += [f"Write a Python function `{sig}` that {task}, and show one example call." for sig, task in
+            SIGNATURES[1::3]]
+    out += [f"Write a {lang} function `{sig if lang == 'Rust' else _camel(sig)}` that {task}." for (sig, task), lang in
+            zip(SIGNATURES, itertools.cycle(OTHER_LANGS))]
+    out += [f"Return a JSON object for {t} with the fields {f}." for t, f in FIELDS]
+    out += [f"Give a JSON object describing {t} with {f}." for t, f in FIELDS[::2]]
+    out += [f"Return a JSON object describing {t} with the fields {f}. Use {v}." for t, f, v in VALUES]
+    out += [f"Give a JSON array of {n} {p}, each an object with {f} fields." for (p, f), n in
+            zip(PLURAL_FIELDS, itertools.cycle(["two", "three", "four", "five"]))]
+    return out
+
+
+def _camel(sig: str) -> str:
+    """word_lengths(words) -> wordLengths(words)"""
+    name, rest = sig.split("(", 1)
+    head, *tail = name.split("_")
+    return head + "".join(t.title() for t in tail) + "(" + rest
