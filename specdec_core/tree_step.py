@@ -46,7 +46,8 @@ class Walk:
             if par != at:                         # the rule moved to a new parent: it starts from p(. | parent)
                 r, at = self.p[par], par
             if not t.accepted:
-                r = residual(r, one_hot(torch.tensor([self.ids[t.node]], device=r.device), r.shape[-1])[0])
+                if t.p_x > 0.0:                   # a token without mass leaves r as it is (verify_tree)
+                    r = residual(r, one_hot(torch.tensor([self.ids[t.node]], device=r.device), r.shape[-1])[0])
                 out[t.node] = r
         return out
 

@@ -94,6 +94,8 @@ def verify_tree(p: torch.Tensor, tokens: torch.Tensor, tree: Tree, gen: torch.Ge
             if ok:
                 break
             if q is None:
+                if px == 0.0:      # nothing to remove: r is already its own residual (every greedy rejection)
+                    continue
                 qc = torch.zeros_like(r)
                 qc[x] = 1.0
             else:

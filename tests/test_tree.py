@@ -4,6 +4,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
+import sys
 import zlib
 
 import numpy as np
@@ -179,9 +180,14 @@ def _pvalue(counts, probs) -> float:
     n = counts.sum()
     exp = probs.ravel() / probs.sum() * n
     obs = counts.ravel()
+    assert obs[exp == 0].sum() == 0, "a sequence the target gives no mass was committed"
+    exp, obs = exp[exp > 0], obs[exp > 0]
     small = exp < 5                             # pool sparse cells so the chi-square approximation holds
-    exp = np.append(exp[~small], exp[small].sum())
-    obs = np.append(obs[~small], obs[small].sum())
+    if small.any():
+        exp = np.append(exp[~small], exp[small].sum())
+        obs = np.append(obs[~small], obs[small].sum())
+    else:
+        exp, obs = exp[~small], obs[~small]
     return float(chisquare(obs, exp).pvalue)
 
 
@@ -199,6 +205,24 @@ def test_tree_verification_is_exact(paths, mode, temp):
     pv = _pvalue(counts, probs)
     assert pv > 1e-3, f"committed tokens do not follow the target (chi-square p = {pv:.2e})"
     assert mean_len > 1.2, "the test tree should accept drafted tokens often"
+
+
+class Truncated(Synth):
+    """A target that gives no mass to its two least likely tokens (as top-k or top-p leave it): ranked
+    candidates then include tokens p cannot produce, whose rejection removes nothing from the residual."""
+
+    def p(self, ctx) -> torch.Tensor:
+        if ("t", ctx) not in self.memo:
+            d = super().p(ctx).clone()
+            d[d.argsort()[:2]] = 0.0
+            self.memo["t", ctx] = d / d.sum()
+        return self.memo["t", ctx]
+
+
+def test_tree_verification_is_exact_when_candidates_have_no_mass(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "Synth", Truncated)
+    counts, probs, mean_len = _run_trials(WIDE, "ranked", 1.2, n=100_000)
+    assert _pvalue(counts, probs) > 1e-3 and mean_len > 1.2
 
 
 def test_broken_rule_is_caught(monkeypatch):
