@@ -177,7 +177,8 @@ def test_shipped_weights_match_manifest():
         assert key in man, key
     assert man["command"].startswith("python -m specdec_core train eagle")
     data_s = sum(p["generate_seconds"] for p in man["data"]["passes"]) + man["data"]["load_seconds"]
-    assert man["total_seconds"] < 30 * 60 and man["train_seconds"] + data_s < 30 * 60
+    # from scratch (the target's answers generated, not read from the cache) within 40 minutes on 2 cores
+    assert man["total_seconds"] < 40 * 60 and man["train_seconds"] + data_s < 40 * 60
 
 
 def test_manifest_acceptance_reproduces(one_thread):
