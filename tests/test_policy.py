@@ -90,3 +90,20 @@ def test_lookup_proposes_k_after_a_full_match_and_weak_after_a_short_one():
     assert make("lookup", tiny_lm(0)).weak is None
     with pytest.raises(ValueError, match="weak must be >= 1"):
         PromptLookup(weak=0)
+
+
+def test_lookup_copies_from_the_earliest_match_of_the_longest_tail():
+    """What an answer copies sits in the prompt, before the answer's own repeats: of two places the tail occurs,
+    the earliest is followed; a longer tail that occurs once wins over a shorter one; 3 tokens are a strong match."""
+    from specdec_core.drafters import DraftContext
+    from specdec_core.drafters.lookup import PromptLookup
+    from specdec_core.sampling import SamplingParams
+    ctx = lambda toks, k: DraftContext(toks, 1, k, SamplingParams(), None)   # noqa: E731
+    d = PromptLookup(weak=2)
+    src = [1, 2, 3, 4, 5, 6, 7, 8]                    # the "prompt"
+    ans = [9, 2, 3, 4, 0, 0]                          # an answer that reused 2, 3, 4 differently
+    # tail (2, 3, 4) occurs at 1 and at 9: the earliest, the prompt's, is copied, and 3 tokens are strong
+    assert d.propose(ctx(src + ans + [2, 3, 4], 4)).tokens.tolist() == [5, 6, 7, 8]
+    # tail (1, 2, 3, 4) occurs once: the longer match decides, though (2, 3, 4) occurs earlier elsewhere
+    seq = [2, 3, 4, 7, 1, 2, 3, 4, 5, 6]
+    assert d.propose(ctx(seq + [1, 2, 3, 4], 2)).tokens.tolist() == [5, 6]

@@ -2,12 +2,18 @@
 
 Saxena, "Prompt Lookup Decoding" (2023); the n-gram proposer of vLLM and transformers. The last n tokens
 (n from max_ngram down to min_ngram) are searched for earlier in the prompt and the text so far; the tokens
-that followed the most recent match are proposed. The draft is deterministic, i.e. a one-hot q.
+that followed the earliest match are proposed. The draft is deterministic, i.e. a one-hot q.
 
-How many: k after a match of max_ngram tokens; after a shorter (weaker) match at most `weak`. On our forward a
-score pass costs the same up to a block of rows (backend.row_block, 4 on the CPU) and a block more past it, so
-`make` sets weak to what the first block holds besides the pending token: a weak guess then costs nothing, and
-k's long copies are bought where a copy is likely (measured: docs/measurements.md).
+Which match: the earliest, because what an answer copies usually sits in the prompt, before any of the answer;
+the most recent match is often the answer's own last use of the same words (a log's repeated date, a list's
+repeated unit), which continues differently. Longest first (up to 5 tokens), so a longer tail tells such places
+apart. Measured on the fresh extraction prompts (docs/measurements.md): 3.59 tokens a step against 3.17 for the
+most recent match of at most 3 tokens; code, JSON, chat and creative unchanged.
+
+How many: k after a match of at least `strong` tokens; after a shorter (weaker) match at most `weak`. On our
+forward a score pass costs the same up to a block of rows (backend.row_block, 4 on the CPU) and a block more past
+it, so `make` sets weak to what the first block holds besides the pending token: a weak guess then costs
+nothing, and k's long copies are bought where a copy is likely (measured: docs/measurements.md).
 """
 from __future__ import annotations
 
@@ -20,21 +26,22 @@ class PromptLookup(Drafter):
     name = "lookup"
     default_k = entry(name).default_k
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, weak: int | None = None):
+    def __init__(self, max_ngram: int = 5, min_ngram: int = 1, weak: int | None = None, strong: int = 3):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if weak is not None and weak < 1:
             raise ValueError(f"weak must be >= 1 (tokens after a short match), got {weak}")
         self.max_ngram, self.min_ngram, self.weak = max_ngram, min_ngram, weak
+        self.strong = min(strong, max_ngram)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         toks, n_tok = ctx.tokens, len(ctx.tokens)
         for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
             tail = toks[-n:]
-            for start in range(n_tok - n - 1, -1, -1):  # most recent match first
+            for start in range(n_tok - n):              # earliest match first; the tail itself excluded
                 if toks[start:start + n] == tail:
-                    # a match shorter than max_ngram is weak evidence: propose at most `weak` tokens
-                    k = ctx.k if self.weak is None or n == self.max_ngram else min(ctx.k, self.weak)
+                    # a match shorter than `strong` is weak evidence: propose at most `weak` tokens
+                    k = ctx.k if self.weak is None or n >= self.strong else min(ctx.k, self.weak)
                     cont = toks[start + n:start + n + k]
                     return Proposal(torch.tensor(cont, dtype=torch.long), info={"ngram": n, "match_at": start})
         return Proposal.empty()
