@@ -24,8 +24,8 @@ from .chain_step import Checked
 from .drafters import Proposal
 from .sampling import SamplingParams, probs
 from .tree import Tree
-from .verify import ChainVerdict, one_hot, residual
-from .verify_tree import TreeVerdict, verify_tree
+from .verify import ChainVerdict, one_hot
+from .verify_tree import TreeVerdict, verify_tree, without
 
 
 @dataclass
@@ -46,9 +46,7 @@ class Walk:
             if par != at:                         # the rule moved to a new parent: it starts from p(. | parent)
                 r, at = self.p[par], par
             if not t.accepted:
-                if t.p_x > 0.0:                   # a token without mass leaves r as it is (verify_tree)
-                    r = residual(r, one_hot(torch.tensor([self.ids[t.node]], device=r.device), r.shape[-1])[0])
-                out[t.node] = r
+                r = out[t.node] = without(r, self.ids[t.node])
         return out
 
 

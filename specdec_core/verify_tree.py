@@ -70,6 +70,16 @@ class TreeVerdict:
         return len(self.path)
 
 
+def without(r: torch.Tensor, x: int) -> torch.Tensor:
+    """The residual [V] after a deterministic candidate x is rejected: norm(max(0, r - one_hot(x))), i.e. r with
+    x's mass removed; r itself when x has none (every greedy rejection), without a pass over the vocabulary."""
+    if float(r[x]) == 0.0:
+        return r
+    q = torch.zeros_like(r)
+    q[x] = 1.0
+    return residual(r, q)
+
+
 def verify_tree(p: torch.Tensor, tokens: torch.Tensor, tree: Tree, gen: torch.Generator | None,
                 q: torch.Tensor | None = None) -> TreeVerdict:
     """p: [T, V] target distribution after each node; tokens: [T] node ids (root's ignored);
@@ -93,14 +103,7 @@ def verify_tree(p: torch.Tensor, tokens: torch.Tensor, tree: Tree, gen: torch.Ge
             trials.append(Trial(c, px, qx, a, u[c], ok))
             if ok:
                 break
-            if q is None:
-                if px == 0.0:      # nothing to remove: r is already its own residual (every greedy rejection)
-                    continue
-                qc = torch.zeros_like(r)
-                qc[x] = 1.0
-            else:
-                qc = q[c]
-            r = residual(r, qc)
+            r = without(r, x) if q is None else residual(r, q[c])
         else:
             kind = "resampled" if kids else "bonus"
             return TreeVerdict(path, int(sample(r, gen)), kind, trials, r)

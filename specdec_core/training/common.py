@@ -87,11 +87,10 @@ def data(lm, n_prompts=None, temps=(0.0,)) -> tuple[list[tuple], dict]:
     """[(seq, answer_start, idx, logp)] from one pass per temperature, and a description for the manifest."""
     rows, passes = [], []
     t0 = time.perf_counter()
-    groups, left = [], len(distill.training_prompts()) if n_prompts is None else n_prompts
-    for g in distill.training_groups():       # the first n_prompts, each group's answers cached apart
-        if left > 0 and g:
-            groups.append(g[:left])
-            left -= len(groups[-1])
+    groups = distill.training_groups()        # each group's answers cached apart
+    if n_prompts is not None:                 # the first n_prompts, in group order
+        groups = [g[:max(0, n_prompts - sum(map(len, groups[:i])))] for i, g in enumerate(groups)]
+    groups = [g for g in groups if g]
     for temp in temps:
         p = dict(temperature=temp, seed=0, prompts=0, answer_tokens=0, max_new_tokens=0, generate_seconds=0.0)
         for g in groups:

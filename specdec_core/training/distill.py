@@ -235,8 +235,9 @@ def bench_prompts() -> set[str]:
 def training_groups() -> list[list[str]]:
     """The training prompts in the groups they were added in, each group's answers cached apart: the
     hand-written prompts and the first templates, then prompts.more(); benchmark and held-out ones dropped."""
-    first = PROMPTS + expanded(exclude=set(PROMPTS) | set(HELDOUT) | bench_prompts())
-    seen = set(first) | set(HELDOUT) | bench_prompts()
+    unseen = set(HELDOUT) | bench_prompts()
+    first = PROMPTS + expanded(exclude=set(PROMPTS) | unseen)
+    seen = set(first) | unseen
     return [first, [p for p in dict.fromkeys(more()) if p not in seen]]
 
 
