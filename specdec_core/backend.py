@@ -156,7 +156,7 @@ class Rows:
                            None if out_rows is None else torch.tensor(out_rows), hidden=True)
 
     def prefill(self, rows: list[list[int]]):
-        """Each row at its own positions from slot 0 -> hidden [B, H] of each row's last token or None."""
+        """Each row at its own positions from slot 0 -> per row the hidden states of its tokens [n, H], or None."""
         flat = [t for r in rows for t in r]
         for i, r in enumerate(rows):
             self.cache.set_length(i, len(r))
@@ -164,9 +164,10 @@ class Rows:
             return None
         owner = [i for i, r in enumerate(rows) for _ in r]
         pos = [j for r in rows for j in range(len(r))]
-        last = (torch.tensor([len(r) for r in rows]).cumsum(0) - 1).clamp(min=0)   # rows with no token: unused
-        _, h = self._run(flat, owner, pos, out_rows=last.tolist())
-        return h[last] if self.hidden else None
+        end = torch.tensor([len(r) for r in rows]).cumsum(0).tolist()
+        last = [max(e - 1, 0) for e in end]      # logits of each row's last token only (rows with none: unused)
+        _, h = self._run(flat, owner, pos, out_rows=last)
+        return [h[e - len(r):e] for e, r in zip(end, rows)] if self.hidden else None
 
     def score(self, new: list[Slots]):
         """Per row its new slots -> per row (logits [n, V], hidden [n, H]), in one forward."""
@@ -322,7 +323,8 @@ class Holes:
                                attention_mask=_mask(valid, attend, self.be.dtype), position_ids=position_ids.to(dev))
 
     def prefill(self, rows: list[list[int]]):
-        """Left-padded so every prompt ends in the last slot -> hidden [B, H] of each row's last token or None."""
+        """Left-padded so every prompt ends in the last slot -> per row the hidden states of its tokens [n, H],
+        or None."""
         dev, B, P = self.be.device, self.B, max(len(r) for r in rows)
         ids = torch.zeros(B, P, dtype=torch.long)
         pvalid = torch.zeros(B, P, dtype=torch.bool)
@@ -335,7 +337,7 @@ class Holes:
             return None
         ppos = (pvalid.long().cumsum(1) - 1).clamp(min=0)
         _, h = self._forward(ids, chain_mask(P).to(dev)[None] & pvalid[:, None, :], ppos, pvalid[:, :0], True)
-        return None if h is None else h[:, -1]
+        return None if h is None else [h[i, P - len(r):] for i, r in enumerate(rows)]
 
     def score(self, new: list[Slots]):
         """Per row its new slots -> per row (logits [n, V], hidden [n, H] or None), in one forward."""
@@ -383,11 +385,11 @@ class Single:
         self.cache = lm.new_cache()
 
     def prefill(self, rows: list[list[int]]):
-        """All the prompt but its pending token, in one pass -> hidden [1, H] of its last token, or None."""
+        """All the prompt but its pending token, in one pass -> [hidden states [n, H]], or None."""
         if not rows[0]:
             return None
         out = self.lm.forward(torch.tensor(rows[0]), self.cache, last_only=True, hidden=self.hidden)
-        return out[1][-1:] if self.hidden else None
+        return [out[1]] if self.hidden else None
 
     def score(self, new: list[Slots]):
         """[the row's new slots] -> [(logits [n, V], final-norm hidden [n, H] or None)], in one forward."""

@@ -23,9 +23,9 @@ path's nodes become valid and every other node is a hole. Each path node was com
 have alone, seeing exactly the committed context and its ancestors, so it is the entry decoding alone would keep,
 wherever it sits: no compaction (the single-sequence cache's) is needed, and the next step continues from the
 row's committed length. The price is cache width: a tree step leaves up to T - 1 holes per row. A drafter that
-reads the target's hidden state (`reads_hidden`, as medusa does) gets, per row, the final-norm hidden state of
-the newest token the target has run for that row, after the batched prefill and after every step, as engine.py
-hands it over alone.
+reads the target's hidden states (`reads_hidden`, as medusa and eagle do) gets, per row, the final-norm hidden
+states of the positions the target has run and kept for that row, after the batched prefill and after every
+step, as engine.py hands them over alone.
 
 This is the padding-and-masking approach of batched assisted decoding (cf. Qian et al., "BASS: Batched
 Attention-optimized Speculative Sampling", 2024), kept simple for teaching.

@@ -8,7 +8,7 @@ Each step then has the phases the app animates, written once in step.py for this
   3. verify   - the exact rejection rule (verify.py, verify_tree.py) keeps a prefix and draws one more token
   4. commit   - accepted tokens and the drawn one are committed; the target cache keeps exactly the committed
                 tokens but the newest, which is pending for the next step, never a rejected one
-  5. feedback - the drafter hears how many of its tokens survived (and, if it reads them, the hidden state)
+  5. feedback - the drafter hears how many of its tokens survived (and, if it reads them, the hidden states)
 Plain decoding is the same loop with a drafter that proposes nothing. `decode` checks its input when called,
 before any work, and returns the stream of steps.
 """

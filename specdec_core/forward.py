@@ -177,13 +177,14 @@ class KVCache:
         return self.k[0].shape[2]
 
     def _alloc(self, cap: int) -> None:
+        """One tensor [2 L, B, Hkv, C, D] holds every layer's keys then values; k[l] and v[l] are views of it,
+        so a compaction moves a row's slots in every layer with one gather and one write."""
         L, B, Hkv, D = self.shape
         cap = -(-cap // BLOCK) * BLOCK
-        k = [torch.zeros(B, Hkv, cap, D, dtype=self.dtype, device=self.device) for _ in range(L)]
-        v = [torch.zeros(B, Hkv, cap, D, dtype=self.dtype, device=self.device) for _ in range(L)]
-        for old, new in zip(self.k + self.v, k + v):
-            new[:, :, :old.shape[2]] = old
-        self.k, self.v = k, v
+        kv = torch.zeros(2 * L, B, Hkv, cap, D, dtype=self.dtype, device=self.device)
+        if self.k:
+            kv[:, :, :, :self.capacity] = self.kv
+        self.kv, self.k, self.v = kv, list(kv[:L].unbind(0)), list(kv[L:].unbind(0))
 
     def reserve(self, end: int) -> None:
         """Make room up to slot `end` (exclusive), growing by half again so growth stays rare."""
@@ -201,11 +202,14 @@ class KVCache:
         self.lens[row] = n
 
     def compact(self, row: int, start: int, keep: torch.Tensor) -> None:
-        """Move slots start + keep (in that order) to start, start + 1, ...; the row's length ends there."""
-        idx = (start + keep).to(self.device)
+        """Move slots start + keep (in that order) to start, start + 1, ...; the row's length ends there. Slots
+        already in place (a kept prefix) stay; the rest move in every layer at once."""
         n = keep.numel()
-        for t in self.k + self.v:
-            t[row, :, start:start + n] = t[row, :, idx]     # gather first (a copy), then write
+        moved = (keep != torch.arange(n)).nonzero()
+        if moved.numel():
+            j = int(moved[0])
+            idx = (start + keep[j:]).to(self.device)
+            self.kv[:, row, :, start + j:start + n] = self.kv[:, row, :, idx]   # gather first (a copy), then write
         self.lens[row] = start + n
 
 

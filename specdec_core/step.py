@@ -9,7 +9,7 @@ written once for the single-sequence loop (engine.py, a batch of one) and the ba
   3. verify   - the exact rejection rule (verify.py, verify_tree.py) keeps a prefix and draws one more token
   4. commit   - accepted tokens and the drawn one are committed; the cache keeps exactly the committed tokens
                 but the newest, which is pending for the next step, never a rejected one
-  5. feedback - the drafter hears how many of its tokens survived (and, if it reads them, the hidden state)
+  5. feedback - the drafter hears how many of its tokens survived (and, if it reads them, the hidden states)
 
 The cache is a backend's (backend.py): Single for one sequence, Rows or Holes for a batch. Each row draws from
 its own generator, in one order (the drafter's samples, then verification's uniforms and its final draw), so
@@ -62,10 +62,10 @@ def until_eos(new: list[int], eos: set[int]) -> tuple[list[int], str]:
 def prefill(rows: list[Row], kv) -> None:
     """0. prefill: run every prompt but its last token, which stays pending, so every step scores the pending
     token and its drafts in one forward, the first step included. A drafter that reads the target's hidden
-    state gets its row's newest one."""
+    states gets its row's, every position the prefill ran."""
     for r in rows:
         r.drafter.begin(list(r.tokens))
-    h = kv.prefill([r.tokens[:-1] for r in rows])                               # [B, H] or None
+    h = kv.prefill([r.tokens[:-1] for r in rows])                               # per row [n, H], or None
     for r in rows:
         if r.drafter.reads_hidden and len(r.tokens) > 1:
             r.drafter.observe(h[r.i], len(r.tokens) - 1)
@@ -106,7 +106,7 @@ def step(rows: list[Row], kv, sp, max_new_tokens: int, eos: set[int]) -> list[fl
     # 5. feedback
     for r in rows:
         if r.drafter.reads_hidden:
-            r.drafter.observe(out[r.i][1][r.c.kept[len(r.new) - 1]], len(r.tokens) - 1)
+            r.drafter.observe(out[r.i][1][r.c.kept[:len(r.new)]], len(r.tokens) - 1)
         if r.c.draft.numel():
             r.drafter.feedback(r.ctx, r.c.v.n_accepted)
         r.pol.update(r.c.draft.numel(), r.c.v.n_accepted)

@@ -7,12 +7,27 @@ import torch.nn.functional as F
 
 
 class ModuleScratch:
+    """The rows run so far as Head.forward's `past`; setting n back drops the rows after it."""
+
     def __init__(self):
-        self.n, self.past = 0, None
+        self.past, self._n = None, 0
+
+    @property
+    def n(self) -> int:
+        return self._n
+
+    @n.setter
+    def n(self, rows: int) -> None:
+        if self.past is not None:
+            self.past = (self.past[0][:, :rows], self.past[1][:, :rows])
+        self._n = rows
+
+    def reserve(self, rows: int) -> None:
+        pass
 
 
 class ModuleStep:
-    """(f, tok, pos, bias, kv) -> (features, logits) as PackedHead, through Head.forward in fp32."""
+    """(f, tok, pos, bias, kv, last) -> (features, logits) as PackedHead, through Head.forward in fp32."""
 
     def __init__(self, drafter):
         self.head, self.device = drafter.head, drafter.fast.device
@@ -23,10 +38,12 @@ class ModuleStep:
     def scratch(self, rows: int) -> ModuleScratch:
         return ModuleScratch()
 
-    def __call__(self, f, tok, pos, bias, kv):
-        m = f.shape[0]
+    def __call__(self, f, tok, pos, bias, kv, last: int = 0):
+        m, R = f.shape[0], kv.n + f.shape[0]
         e = self.emb[tok].float()
-        out, (k, v) = self.head(f.float()[None], e[None], torch.full((1, m), pos), (bias == 0)[None], kv.past)
-        kv.past = (k, v) if kv.past is None else (torch.cat([kv.past[0], k], 1), torch.cat([kv.past[1], v], 1))
-        kv.n += m
-        return out[0], F.linear(out[0], self.w)
+        see = torch.cat([torch.ones(m, R - bias.shape[1], dtype=torch.bool), bias == 0], 1)   # [m, R]
+        pos = torch.full((1, m), pos) if isinstance(pos, int) else pos[None]
+        out, (k, v) = self.head(f.float()[None], e[None], pos, see[None], kv.past)
+        past = (k, v) if kv.past is None else (torch.cat([kv.past[0], k], 1), torch.cat([kv.past[1], v], 1))
+        kv.past, kv._n = past, R
+        return out[0], F.linear(out[0][m - last if last else 0:], self.w)

@@ -52,8 +52,10 @@ class Drafter(Protocol):
     Drafters subclass this for the defaults; only `propose` must be written.
       begin(prompt)          once, before the prompt is prefilled: reset per-sequence state
       observe(h, n)          only if `reads_hidden`: after the prefill and after every verification forward,
-                             h [H] is the target's final-norm hidden state (the LM head's input) at committed
-                             position n - 1, the newest one the target has run; the pending token comes next
+                             h [j, H] are the target's final-norm hidden states (the LM head's input) at the
+                             committed positions n - j .. n - 1 that forward ran (the prompt but its pending
+                             token; the pending token and the accepted drafts), the newest last; the pending
+                             token comes next
       propose(ctx)           each step with ctx.k >= 1: at most ctx.k new tokens (or a tree, see Proposal)
       feedback(ctx, n)       after verification, when it proposed m >= 1 tokens: n of them were accepted;
                              ctx.tokens already holds what was committed (drafters with a cache may instead

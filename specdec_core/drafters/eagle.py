@@ -10,10 +10,12 @@ x_t that was actually sampled from it removes that uncertainty (EAGLE's point), 
     x = fc([f_{t-1} ; embed(x_t)])  ->  one Llama decoder layer  ->  RMSNorm  ->  f^_t  ->  target LM head
 
 and f^_t gives the draft distribution of x_{t+1}. The head runs autoregressively on its own predicted features:
-f^_t and the drafted x_{t+1} give f^_{t+1}, and so on. Its attention sees the chain from the root (the pending
-token, whose input is the target's true feature) down to the node, so every node of the tree attends to its
-own branch only. The layer starts as a copy of the target's last layer; the embedding and LM head are the
-target's, frozen and not shipped.
+f^_t and the drafted x_{t+1} give f^_{t+1}, and so on. Like the target, the head keeps a cache over the whole
+sequence: row t (its input (f_{t-1}, x_t), at position t) is run once, with the target's true feature, when x_t
+is committed (the pending token's row, the tree's root, each step; the accepted drafts' rows at the next
+step, from the features the target computed for them), so a drafted node attends to every committed row and to
+its own branch of the tree, and can copy a name or a key from anywhere before it. The layer starts as a copy of
+the target's last layer; the embedding and LM head are the target's, frozen and not shipped.
 
 The tree (EAGLE-2's dynamic tree): from the root, each depth expands the `topk` nodes with the highest
 cumulative draft probability (the product of draft probabilities along the path, an estimate of the chance
@@ -24,8 +26,9 @@ deterministic and verify_tree.py's exact rule applies unchanged: the output law 
 `python -m specdec_core train eagle`.
 
 `Head` is the module training unrolls; drafting runs a packed copy of its weights (eagle_packed.py: the
-target forward's packed products in the target's dtype, one call per tree level over all of its rows), and
-builds each level's attention masks and frontier with a few tensor ops, Python only for the tree bookkeeping.
+target forward's packed products in the target's dtype, one call for the rows committed since the last step
+and the root, then one call per tree level over all of its rows), and builds each level's attention masks and
+frontier with a few tensor ops, Python only for the tree bookkeeping.
 """
 from __future__ import annotations
 
@@ -166,36 +169,59 @@ class Eagle(Drafter):
         self.head = head.to(target.device)          # the trained module; drafting runs its packed copy
         lm_w = head_weight(head, target.model.get_output_embeddings())                  # [v, H]
         self.fast = PackedHead(self.head, target.model.get_input_embeddings().weight, lm_w, target.dtype,
-                               max_pos=self.depth + 1)
+                               max_pos=512)
         self.ids = head.vocab.ids.to(target.device) if head.vocab is not None else None
         self._trees: dict[tuple, object] = {}    # compiled tree per shape (rank paths)
-        self.h, self.h_len = None, -1
+        self.begin([])
         self.costs = target.backend.block_ms() if self.sized else []   # measured once per target forward
         self.block = target.backend.row_block
         self.draft_ms: float | None = None       # the draft's ms a sized tree weighs; None: this step's own
 
     def begin(self, prompt: list[int]) -> None:
-        self.h, self.h_len = None, -1
+        # the head's own cache over the sequence: row t (t >= 1) read (f_{t-1}, x_t) at position t, stored at t - 1
+        self.kv = self.fast.scratch(max(64, 2 * len(prompt)))
+        self.feat = None                         # features by position [cap, H]: feat[t] = f_t
+        self.f_from = self.f_len = 0             # F holds positions f_from .. f_len - 1
+        self.done = 0                            # the sequence's rows 1..done are in kv
 
     def observe(self, h: torch.Tensor, n: int) -> None:
-        self.h, self.h_len = h, n
+        """h [j, H] (or [H]): the target's features at positions n - j .. n - 1."""
+        h = h.reshape(-1, h.shape[-1])
+        a = n - h.shape[0]
+        if self.feat is None or a > self.f_len or a < self.f_from:   # not contiguous: start again from here
+            self.feat, self.f_from = h.new_empty(max(64, 2 * n), h.shape[1]), a
+            self.done = self.kv.n = 0
+        if n > self.feat.shape[0]:
+            grown = self.feat.new_empty(2 * n, self.feat.shape[1])
+            grown[:self.f_len] = self.feat[:self.f_len]
+            self.feat = grown
+        self.feat[a:n] = h
+        self.f_len = n
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> Proposal:
-        # the root (the pending token) must be the one drawn from self.h: exactly one token after it
-        if self.h is None or len(ctx.tokens) != self.h_len + 1 or ctx.k < 1:
+        # the root is the pending token x_n, read with f_{n-1}: the features must reach position n - 1
+        n = len(ctx.tokens) - 1
+        if self.feat is None or self.f_len != n or ctx.k < 1 or n < 1:
             return Proposal.empty()
         t0 = time.perf_counter()
         depth, K = min(ctx.k, self.depth), self.topk
-        n = 1 + K * (depth - 1)                # rows the head runs: the root, then K per level but the last
-        kv, dev = self.fast.scratch(n), self.fast.device
-        # bias[r]: 0 on run row r's branch (itself included), -inf elsewhere: its attention mask
-        bias = torch.full((n, n), float("-inf"), device=dev)
-        bias[0, 0] = 0.0
+        kv, dev = self.kv, self.fast.device
+        # 0. the sequence's rows not yet run (the tokens committed since, then the root), causal, in one call;
+        # rows before f_from (features never handed over) stay out of reach
+        lo = min(max(self.done, self.f_from), n - 1)      # (a second proposal at the same n runs its root again)
+        kv.n = lo
+        m = n - lo
+        f, logits = self.fast(self.feat[lo:n], torch.tensor(ctx.tokens[lo + 1:n + 1]),
+                              torch.arange(lo + 1, n + 1, device=dev),
+                              PackedHead.bias(torch.ones(m, m, dtype=torch.bool, device=dev).tril()), kv, last=1)
+        f, self.done = f[-1:], n                 # the root is committed whatever is accepted: its row stays
+        T = K * (depth - 1)                      # tree rows the head runs: K per level but the last
+        # bias[1 + r]: 0 on tree row r's branch (itself included), -inf elsewhere; bias[0] is the root's (none)
+        bias = torch.full((T + 1, T), float("-inf"), device=dev)
         # per level, every node drafted: parent index (-1 = the root), token, cumulative log-prob (float64, so
         # ties break as in drafting order), as tensors: Python touches them once, after the last level
-        levels, count = [], 0
-        f, logits = self.fast(self.h[None], torch.tensor([ctx.tokens[-1]]), 0, bias[:1, :1], kv)
+        levels, count, tn, prev = [], 0, 0, 0
         front, base = torch.tensor([-1]), torch.zeros(1, dtype=torch.float64)   # the rows just run, their scores
         for d in range(1, depth + 1):
             lp, ix = torch.topk(torch.log_softmax(logits, -1, dtype=torch.float32), K, -1)   # [m, K] each
@@ -206,12 +232,13 @@ class Eagle(Drafter):
             if d == depth:
                 break
             pick = torch.sort(sc, descending=True, stable=True).indices[:K]   # expand the likeliest K
-            R0, m = kv.n, pick.numel()
-            rows = pick // K                                                            # rows of f (parents)
-            bias[R0:R0 + m] = bias[R0 - logits.shape[0] + rows]                        # the parents' branches
-            bias[R0:R0 + m, R0:R0 + m].diagonal().zero_()                              # and each row itself
-            front, base = first + pick, sc[pick]
-            f, logits = self.fast(f[rows], ix[pick], d, bias[R0:R0 + m, :R0 + m], kv)
+            rows, m = pick // K, pick.numel()                                           # rows of f (parents)
+            bias[1 + tn:1 + tn + m] = bias[prev + rows]                                 # the parents' branches
+            bias[1 + tn:1 + tn + m, tn:tn + m].diagonal().zero_()                       # and each row itself
+            front, base, prev = first + pick, sc[pick], 1 + tn
+            f, logits = self.fast(f[rows], ix[pick], n + d, bias[1 + tn:1 + tn + m, :tn + m], kv)
+            tn += m
+        kv.n = self.done                          # the tree's rows are dropped; the sequence's stay
         parent, tok, sc = (torch.cat(x) for x in zip(*levels))
         parent, tok, score = parent.tolist(), tok.tolist(), sc.tolist()
         rank = list(range(K)) * (len(tok) // K)

@@ -1,6 +1,6 @@
 """The EAGLE head for drafting: the trained `eagle.Head`'s weights in the target forward's packed products.
 
-`eagle.Head` is an nn.Module written for training (autograd, batches of windows, fp32). Drafting calls it a
+`eagle.Head` is an nn.Module written for training (autograd, batches of sequences, fp32). Drafting calls it a
 few times per step on at most `topk` rows, where every fp32, re-laid-out product and every per-call tensor
 rebuild costs more than the arithmetic: measured on a 2-core CPU, the module path took 1.3-1.5x a one-token
 step of the target it drafts for (this path: about 0.25x on the same, busy, machine). The same network for
@@ -10,9 +10,10 @@ inference only:
     dtype (bf16 on a CPU that has it), with the products fused where one matmul can do two (q|k|v and
     gate|up, as forward.Block does); the draft-vocabulary LM head too. The residual stream, norms, RoPE and
     attention stay in fp32.
-  * attention runs over a k/v scratch preallocated per proposal (each level appends its rows, no concat),
-    with GQA as an explicit grouping of query heads per key head (no repeat_interleave);
-  * RoPE's cos/sin, with attention's 1/sqrt(d) folded into the query rows, are one table row per depth.
+  * attention runs over a k/v scratch kept for the sequence (the committed rows; each tree level appends its
+    rows, dropped after the proposal; no concat), with GQA as an explicit grouping of query heads per key head
+    (no repeat_interleave);
+  * RoPE's cos/sin, with attention's 1/sqrt(d) folded into the query rows, are one table row per position.
 
 In fp32 it computes what Head.forward computes to about 1e-6 (tests/test_eagle.py). In bf16 the products
 round differently; verification is exact whatever the draft computes, so that can only move acceptance:
@@ -34,12 +35,22 @@ from .packed import mm
 
 
 class Scratch:
-    """Keys and values of the head's rows run so far in one proposal: k, v [Hkv, N, D] fp32, rows 0..n-1."""
+    """Keys and values of the head's rows in one sequence: k, v [Hkv, N, D] fp32, rows 0..n-1 (the sequence's
+    rows, then a proposal's tree rows, dropped by setting n back). Grows by doubling."""
 
     def __init__(self, n_kv: int, rows: int, head_dim: int, device):
         self.k = torch.empty(n_kv, rows, head_dim, device=device)
         self.v = torch.empty(n_kv, rows, head_dim, device=device)
         self.n = 0
+
+    def reserve(self, rows: int) -> None:
+        if rows > self.k.shape[1]:
+            cap = max(rows, 2 * self.k.shape[1])
+            for name in ("k", "v"):
+                old = getattr(self, name)
+                new = old.new_empty(old.shape[0], cap, old.shape[2])
+                new[:, :self.n] = old[:, :self.n]
+                setattr(self, name, new)
 
 
 class PackedHead:
@@ -80,18 +91,22 @@ class PackedHead:
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, w.shape, w, self.eps)      # eagle._rms in one op
 
-    def __call__(self, f: torch.Tensor, tok: torch.Tensor, pos: int, bias: torch.Tensor, kv: Scratch):
-        """f [m, H] the parents' features, tok [m] the tokens drafted after them, all at depth `pos`;
-        bias [m, kv.n + m] fp32 attention bias, 0 where a row attends (its branch: rows run before and these m
-        rows) and -inf elsewhere (see `bias`). Appends the m rows' keys and values to kv.
+    def __call__(self, f: torch.Tensor, tok: torch.Tensor, pos, bias: torch.Tensor, kv: Scratch, last: int = 0):
+        """f [m, H] the features read (f_{t-1}), tok [m] the tokens x_t after them, at positions `pos` (an int
+        for all m rows, or [m]); bias [m, c] fp32 attention bias over the last c of the kv.n + m rows, 0 where a
+        row attends and -inf elsewhere (see `bias`): every row sees all rows before those c (the sequence's).
+        Appends the m rows' keys and values to kv. -> (features [m, H], draft logits of the last `last` rows, or
+        of all m with last = 0).
 
         Runs under the caller's inference mode (propose's), not its own: entering one costs as much as an op.
         Products take and give the model dtype; the fp32 residual and attention take their outputs by type
         promotion (x += y, y * cos), which saves a conversion per product: on a draft this small ops count."""
         m, Hq, Hkv, D, dt = f.shape[0], self.Hq, self.Hkv, self.D, self.dtype
         G, R0, R = Hq // Hkv, kv.n, kv.n + m
-        if pos >= self.cos.shape[0]:
-            self._table(2 * pos)
+        top = int(pos) if isinstance(pos, int) else int(pos.max())
+        if top >= self.cos.shape[0]:
+            self._table(2 * top)
+        kv.reserve(R)
         e = self.embed[tok.to(self.device)]                                                # [m, H]
         x = self.fc_b + mm(self.fc, torch.cat([f.to(dt), e], -1))                          # [m, H] fp32 residual
         qkv = mm(self.qkv, self._rms(x, self.ln1).to(dt))                                  # [m, (Hq+2Hkv) D]
@@ -103,14 +118,14 @@ class PackedHead:
         # GQA: the G query heads of a key head are G more query rows against that head's keys
         q = qk[:, :Hq].view(m, Hkv, G, D).transpose(0, 1).reshape(Hkv, m * G, D)           # [Hkv, m G, D]
         s = q @ kv.k[:, :R].transpose(1, 2)                                                # [Hkv, m G, R]
-        s.view(Hkv, m, G, R).add_(bias[:, None])
+        s.view(Hkv, m, G, R)[..., R - bias.shape[1]:].add_(bias[:, None])
         a = torch.softmax(s, -1) @ kv.v[:, :R]                                             # [Hkv, m G, D]
         a = a.view(Hkv, m, G * D).transpose(0, 1).reshape(m, Hq * D)                       # heads in q's order
         x += mm(self.o, a.to(dt))
         g, u = mm(self.gu, self._rms(x, self.ln2).to(dt)).chunk(2, -1)                     # [m, I] each
         x += mm(self.down, F.silu(g) * u)
         h = self._rms(x, self.norm)                                                        # [m, H] fp32
-        return h, mm(self.lm, h.to(dt))                                                    # [m, v] model dtype
+        return h, mm(self.lm, h[m - last if last else 0:].to(dt))                         # [last, v] model dtype
 
     @staticmethod
     def bias(see: torch.Tensor) -> torch.Tensor:

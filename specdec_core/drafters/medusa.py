@@ -143,7 +143,7 @@ class Medusa(Drafter):
         self.h, self.h_len = None, -1
 
     def observe(self, h: torch.Tensor, n: int) -> None:
-        self.h, self.h_len = h, n
+        self.h, self.h_len = h.reshape(-1, h.shape[-1])[-1], n       # the heads read the newest position only
 
     def propose(self, ctx: DraftContext) -> Proposal:
         # the root (the pending token) must be the one drawn from self.h: exactly one token after it

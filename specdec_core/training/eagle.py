@@ -3,19 +3,19 @@
 Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (ICML 2024); the tree it
 drafts is EAGLE-2's (Li et al., EMNLP 2024), see drafters/eagle.py.
 
-Data: common.data() — the target's greedy answers to distill.training_prompts() with its top-64 log-probs at
-every answer position — plus one frozen target pass for the final hidden state f_t at every position
-(medusa.hidden_states). A training example is a window of W consecutive answer positions t0..t0+W-1: the
-head's input at window position j is (f_{t0+j-1}, token x_{t0+j}) and it must predict f_{t0+j} and the
-target's distribution of x_{t0+j+1}, attending causally within the window (the chain from the root, as when
-drafting). Loss, as EAGLE: smooth L1 on the feature + cross-entropy to the target's soft targets through the
-frozen LM head (over the draft vocabulary), shown as KL.
+Data: common.data() — the target's answers to distill.training_prompts() with its top-64 log-probs at every
+position — plus one frozen target pass for the final hidden state f_t at every position
+(medusa.hidden_states). A training example is a whole sequence (prompt and answer; a crop of --crop rows when
+longer): row t reads (f_{t-1}, token x_t) at position t and must predict f_t and the target's distribution of
+x_{t+1}, attending causally to every row before it, as the head's cache lets it when drafting. The answer's
+rows are trained; the prompt's are context. Loss, as EAGLE: smooth L1 on the feature + cross-entropy to the
+target's soft targets through the frozen LM head (over the draft vocabulary), shown as KL.
 
-Drafting feeds the head its own predicted features (only the root's is the target's), which teacher forcing
-never shows it. So each step also runs the window again (--unroll passes in all), replacing inputs 1.. with
-the previous pass's predictions (after pass p, positions 0..p hold exactly what drafting computes; --unroll W
-makes every position exact), and the last pass's outputs are trained too (as HASS / EAGLE-3's training-time
-test do). On 2 shared cores each pass costs, so the default is 2.
+Drafting feeds the head its own predicted features below the root (only the root's is the target's), which
+teacher forcing never shows it. So each step also runs the crop again (--unroll passes in all): pass p reads
+pass p-1's predictions and sees, at row t, the true rows up to t - p and its own chain of passes 1..p
+(`reach`), so its row t is exactly what drafting computes at depth p below the root x_{t-p}; the last pass's
+outputs are trained too (HASS's and EAGLE-3's training-time test).
 
 Then, on the held-out prompts: the engine's greedy mean acceptance length and wall time for a few tree
 budgets (depth x top-k x nodes); the budget with the most tokens per second ships in the manifest. (The
@@ -25,6 +25,7 @@ shared cores cost minutes.)
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -47,10 +48,10 @@ def _args(argv):
     ap = argparse.ArgumentParser(prog="python -m specdec_core train eagle",
                                  description="self-distil an EAGLE head from the bundled target")
     ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch", type=int, default=48, help="windows per step")
-    ap.add_argument("--window", type=int, default=5, help="positions per window (the deepest chain trained)")
-    ap.add_argument("--unroll", type=int, default=2, help="passes per window: 1 = teacher forcing only; "
-                    "--window = every position sees exactly what drafting computes")
+    ap.add_argument("--batch", type=int, default=8, help="sequences (crops) per step")
+    ap.add_argument("--crop", type=int, default=160, help="rows per crop at most (a longer sequence is cropped)")
+    ap.add_argument("--unroll", type=int, default=3, help="passes per crop: 1 = teacher forcing only; pass p "
+                    "trains what drafting computes at depth p")
     ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (tokens the head ranks)")
     ap.add_argument("--lr", type=float, default=5e-4)
     add_temps(ap)
@@ -75,35 +76,69 @@ def _args(argv):
         assert all(len(t) == 3 and min(t) >= 1 for t in a.trees)
     except (ValueError, AssertionError):
         ap.error(f"--trees wants DEPTHxTOPKxNODES,..., got {a.trees!r}")
-    if a.steps < 1 or a.batch < 1 or a.lr <= 0 or not 1 <= a.window <= 16 or not 1 <= a.unroll <= a.window:
-        ap.error("need --steps >= 1, --batch >= 1, --lr > 0, 1 <= --window <= 16, 1 <= --unroll <= --window")
+    if a.steps < 1 or a.batch < 1 or a.lr <= 0 or a.crop < 8 or not 1 <= a.unroll <= 8:
+        ap.error("need --steps >= 1, --batch >= 1, --lr > 0, --crop >= 8, 1 <= --unroll <= 8")
     return a
 
 
-def examples(rows, hs, W: int):
-    """Flatten: features Hc [P, H] bf16, tokens [P], soft-target row of each position [P] (-1: none), and the
-    global index of every window start t0 (answer positions with t0 >= 1 and a soft target at t0 + W - 1)."""
-    H, tok, drow, starts = [], [], [], []
-    base_h = base_d = 0
+def sequences(rows, hs):
+    """Per training sequence: (features [n, H] bf16, tokens [n], soft-target row of each position [n] (-1: none),
+    the first row trained). Row t of a sequence reads (f_{t-1}, x_t) and predicts f_t and x_{t+1}, whose soft
+    target is the sequence's dists row t; rows from the answer's first prediction on are trained (the prompt's
+    rows are context only), so a sequence needs n >= 3."""
+    out, base = [], 0
     for (s, pl, ti, _), h in zip(rows, hs):
         n = len(s)
-        H.append(h)
-        tok.append(torch.tensor(s))
-        r = torch.full((n,), -1, dtype=torch.long)
-        r[:n - 1] = torch.arange(n - 1) + base_d          # row t of this sequence's targets: the token t+1
-        drow.append(r)
-        starts += [base_h + t for t in range(max(pl - 1, 1), n - W)]   # t0 + W - 1 <= n - 2
-        base_h += n
-        base_d += ti.shape[0]
-    return torch.cat(H), torch.cat(tok), torch.cat(drow), torch.tensor(starts)
+        d = torch.full((n,), -1, dtype=torch.long)
+        d[:n - 1] = torch.arange(n - 1) + base            # row t of this sequence's targets: the token t+1
+        base += ti.shape[0]
+        if n >= 3:
+            out.append((h, torch.tensor(s), d, max(pl - 1, 1)))
+    return out
 
 
-def unrolled(head: Head, f0, e, pos, see, passes: int) -> list[torch.Tensor]:
-    """Pass 0 is teacher-forced; pass p feeds back pass p-1's features (the root keeps the true one)."""
-    outs = [head(f0, e, pos, see)[0]]
-    for _ in range(passes - 1):
+def crops(seqs, pick: torch.Tensor, L: int, gen: torch.Generator):
+    """A batch of crops of at most L rows (rows t >= 1), one per picked sequence, right padded ->
+    f0 [B, L, H] (f_{t-1}), target [B, L, H] (f_t), tokens [B, L] (x_t), pos [B, L] (t), drow [B, L] (-1: not
+    trained: prompt rows, padding, the last position). A crop keeps everything before it out of reach; crops
+    start where the answer's rows fit in L (a sequence longer than that is cropped at a random start)."""
+    B, H = len(pick), seqs[0][0].shape[1]
+    f0, tgt = torch.zeros(B, L, H, dtype=seqs[0][0].dtype), torch.zeros(B, L, H, dtype=seqs[0][0].dtype)
+    tok, pos, drow = (torch.zeros(B, L, dtype=torch.long) for _ in range(3))
+    drow -= 1
+    for b, i in enumerate(pick.tolist()):
+        h, s, d, a0 = seqs[i]
+        n = len(s)
+        lo = max(1, min(a0, n - L))                        # the crop [a, a + m): as much context as fits
+        a = lo if n - lo <= L else int(torch.randint(lo, n - L + 1, (1,), generator=gen))
+        m = min(L, n - a)
+        f0[b, :m], tgt[b, :m], tok[b, :m] = h[a - 1:a + m - 1], h[a:a + m], s[a:a + m]
+        pos[b, :m] = torch.arange(a, a + m)
+        keep = torch.arange(a, a + m) >= a0
+        drow[b, :m] = torch.where(keep, d[a:a + m], -1)
+    return f0, tgt, tok, pos, drow
+
+
+def reach(L: int, p: int) -> torch.Tensor:
+    """Who row t of unrolled pass p sees, over the keys of passes 0..p side by side: [L, (p + 1) L] bool.
+    Pass p's row t is what drafting computes at depth p below the root at row t - p: the root sees the true
+    context (pass 0's rows <= t - p) and depth j's row t - p + j comes from pass j. (Rows t < p have no such
+    root: they see what exists and are not trained.)"""
+    t, u = torch.arange(L)[:, None], torch.arange(L)[None]
+    return torch.cat([u <= t - p] + [u == t - p + j for j in range(1, p + 1)], 1)
+
+
+def unrolled(head: Head, f0, e, pos, passes: int) -> list[torch.Tensor]:
+    """Pass 0 is teacher-forced and causal over the crop; pass p feeds back pass p-1's features (row t reads the
+    prediction for position t - 1) and attends as `reach` says."""
+    B, L = pos.shape
+    out, (K, V) = head(f0, e, pos, reach(L, 0).expand(B, L, L))
+    outs = [out]
+    for p in range(1, passes):
         f = torch.cat([f0[:, :1], outs[-1][:, :-1].to(f0.dtype)], 1)
-        outs.append(head(f, e, pos, see)[0])
+        out, (k, v) = head(f, e, pos, reach(L, p).expand(B, L, (p + 1) * L), past=(K, V))
+        K, V = torch.cat([K, k], 1), torch.cat([V, v], 1)
+        outs.append(out)
     return outs
 
 
@@ -114,10 +149,11 @@ def main(argv: list[str]) -> int:
     t_start = time.perf_counter()
     lm, rows, desc, vocab = prepare(a)
     hs = hidden_states(lm, [r[0] for r in rows])
-    Hc, TOK, DROW, starts = examples(rows, hs, a.window)
+    seqs = sequences(rows, hs)
     IDX = torch.cat([r[2] for r in rows]).long()
     LOGP = torch.cat([r[3] for r in rows]).float()
-    print(f"{len(starts)} training windows of {a.window} positions")
+    trained = sum(int((d[a0:] >= 0).sum()) for _, _, d, a0 in seqs)
+    print(f"{len(seqs)} training sequences, {trained} trained rows, crops of at most {a.crop} rows")
     head = Head.for_target(lm.model, vocab).train()
     if a.init:   # go on from a trained head (its draft vocabulary must be the one picked here)
         start, _ = load_head(lm.model, a.init)
@@ -128,9 +164,6 @@ def main(argv: list[str]) -> int:
     head_w = head_weight(head, lm.model.get_output_embeddings()).detach()          # [v, H] frozen
     opt = torch.optim.AdamW(head.parameters(), lr=a.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(a.seed)
-    W = a.window
-    pos = torch.arange(W).expand(a.batch, W)
-    see = torch.ones(W, W, dtype=torch.bool).tril().expand(a.batch, W, W)
     ema: dict[str, float] = {}
     t0 = time.perf_counter()
     bar = tqdm(range(a.steps), desc="train eagle", unit="step")
@@ -141,26 +174,27 @@ def main(argv: list[str]) -> int:
         if eff >= a.steps:
             break
         done = step + 1
-        g = starts[torch.randint(len(starts), (a.batch,), generator=gen)][:, None] + torch.arange(W)   # [B, W]
-        f0, target = Hc[g - 1].float(), Hc[g].float()                                   # [B, W, H]
-        e = emb[TOK[g]].float()
-        d, lp = vocab.targets(IDX[DROW[g].flatten()], LOGP[DROW[g].flatten()])
-        ent = distill.entropy_top(LOGP[DROW[g].flatten()])
+        f0, target, tok, pos, drow = crops(seqs, torch.randint(len(seqs), (a.batch,), generator=gen), a.crop, gen)
+        f0, target, e = f0.float(), target.float(), emb[tok].float()
         schedule(opt, eff, a.steps, a.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            outs = unrolled(head, f0, e, pos, see, a.unroll)
+            outs = unrolled(head, f0, e, pos, a.unroll)
             parts = {}
-            for name, out in (("tf", outs[0]), ("unroll", outs[-1])):
-                reg = F.smooth_l1_loss(out.float(), target)
-                logq = torch.log_softmax(F.linear(out, head_w).float().flatten(0, 1), -1)    # [B W, v]
-                parts[name] = (reg, distill.soft_ce(logq, d, lp))
-        loss = sum(r + W_CE * c for r, c in parts.values()) / len(parts)
+            for name, p, out in (("tf", 0, outs[0]), ("unroll", a.unroll - 1, outs[-1])):
+                sel = drow >= 0
+                sel[:, :p] = False                                   # rows with no root p rows up: not drafted
+                r = drow[sel]
+                d, lp = vocab.targets(IDX[r], LOGP[r])
+                reg = F.smooth_l1_loss(out[sel].float(), target[sel])
+                logq = torch.log_softmax(F.linear(out[sel], head_w).float(), -1)              # [N, v]
+                parts[name] = (reg, distill.soft_ce(logq, d, lp), distill.entropy_top(LOGP[r]))
+        loss = sum(r + W_CE * c for r, c, _ in parts.values()) / len(parts)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
-        shown = {"reg": parts["unroll"][0].item(), "kl tf": parts["tf"][1].item() - ent,
-                 "kl unroll": parts["unroll"][1].item() - ent}
+        shown = {"reg": parts["unroll"][0].item(), "kl tf": parts["tf"][1].item() - parts["tf"][2],
+                 "kl unroll": parts["unroll"][1].item() - parts["unroll"][2]}
         ema = {k: v if k not in ema else 0.95 * ema[k] + 0.05 * v for k, v in shown.items()}
         bar.set_postfix({k: f"{v:.3f}" for k, v in ema.items()})
     train_s = time.perf_counter() - t0
@@ -171,27 +205,37 @@ def main(argv: list[str]) -> int:
     path = a.out / "eagle.safetensors"
     sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}   # bf16: half the MB
     save_file({**sd, **vocab.state()}, str(path),
-              metadata={"window": str(W), "seed": str(a.seed), "vocab_size": str(lm.vocab_size)})
+              metadata={"context": "1", "crop": str(a.crop), "seed": str(a.seed), "vocab_size": str(lm.vocab_size)})
     shipped, _ = load_head(lm.model, path)   # measure exactly what ships
 
     picked = pick_tree(lm, shipped, a)
     write_manifest("eagle", a, argv, path, dict(
         **target_record(lm),
-        model=dict(hidden=int(Hc.shape[1]), block="fc([f ; embed(x)]) -> one Llama decoder layer (started as "
+        model=dict(hidden=int(seqs[0][0].shape[1]), block="fc([f ; embed(x)]) -> one Llama decoder layer (started as "
                    "the target's last layer) -> RMSNorm -> the target's LM head (frozen, not shipped) over the "
                    "draft vocabulary", feature="the target's final-norm hidden state (the LM head's input)",
                    params=sum(p.numel() for p in head.parameters()),
                    dtype="bfloat16 (stored); drafting runs packed products in the target's dtype"),
         vocab=dict(size=len(vocab.ids), train_coverage=round(vocab.coverage([r[0] for r in rows],
                    [r[1] for r in rows]), 4), how="as the other trained drafters (training/common.py make_vocab)"),
-        data=dict(desc, windows=len(starts), window=W), unroll=a.unroll, steps=done, steps_planned=a.steps,
+        data=dict(desc, sequences=len(seqs), trained_rows=trained, crop=a.crop), unroll=a.unroll, steps=done, steps_planned=a.steps,
         minutes_cap=a.minutes, batch=a.batch, lr=a.lr,
         loss=f"mean over (teacher-forced pass, last unrolled pass) of smooth_L1(f^, f) + {W_CE} * "
              "CE(p || q) over the target's top-64 + rest; final_loss shows CE as KL",
         final_loss={k: round(v, 4) for k, v in ema.items()}, train_seconds=round(train_s, 1),
-        total_seconds=round(time.perf_counter() - t_start, 1),
+        total_seconds=round(time.perf_counter() - t_start, 1), **lineage(a.init),
         **picked))
     return 0
+
+
+def lineage(init: Path | None) -> dict:
+    """For a run that went on from a trained head (--init): that head's own runs, newest first, from the manifest
+    beside it (command, steps, seconds, final loss), so the shipped manifest says everything that made it."""
+    if init is None:
+        return {}
+    man = json.loads(init.with_name("eagle.manifest.json").read_text())
+    keep = ("command", "steps", "batch", "lr", "train_seconds", "total_seconds", "final_loss")
+    return dict(continued_from=[{k: man[k] for k in keep if k in man}] + man.get("continued_from", []))
 
 
 def pick_tree(lm, head: Head, a) -> dict:
@@ -216,7 +260,7 @@ def pick_tree(lm, head: Head, a) -> dict:
     ids = lm.encode(prompts[0])
     cache = lm.new_cache()
     _, h = lm.forward(ids, cache, last_only=True, hidden=True)
-    dr.observe(h[-1], len(ids))
+    dr.observe(h, len(ids))
     from ..drafters import DraftContext
     from ..sampling import SamplingParams
     ctx = DraftContext(tokens=ids.tolist() + [int(ids[-1])], prompt_len=len(ids), k=tree["depth"],
