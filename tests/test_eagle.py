@@ -60,6 +60,36 @@ def test_tree_is_prefix_closed_ranked_and_within_k(one_thread):
     assert len(d.propose(_ctx(prompt, 3)).tokens) == 0
 
 
+def test_features_from_mid_sequence_start_the_heads_cache_there(one_thread):
+    """Handed only the newest feature (nothing before it), the head reads the root alone: no row of the cache
+    stands for a position it never saw."""
+    tgt = tiny_lm(1, layers=1)
+    d = Eagle(tgt, _random_head(tgt, 7), manifest={}, depth=2, topk=3, nodes=6)
+    prompt = [1, 2, 3, 4, 5]
+    n = len(prompt) - 1
+    _, h = tgt.forward(torch.tensor(prompt[:-1]), tgt.new_cache(), hidden=True)
+    d.begin(prompt)
+    d.observe(h[-1], n)
+    prop = d.propose(_ctx(prompt, 2))
+    assert d.kv.n == 1                                 # the root's row only
+    _, logits = d.fast(h[-1:], torch.tensor([prompt[-1]]), n, torch.zeros(1, 1), d.fast.scratch(1))
+    best = torch.topk(logits[0], 3).indices.tolist()
+    assert [int(prop.tokens[i]) for i, p in enumerate(prop.tree.paths) if len(p) == 1] == \
+        [best[p[0]] for p in prop.tree.paths if len(p) == 1]
+
+
+def test_a_head_trained_without_the_sequence_cache_is_refused(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from specdec_core.drafters.eagle import load_head
+    with safe_open(str(WEIGHTS), "pt") as f:
+        meta = {k: v for k, v in f.metadata().items() if k != "context"}
+        save_file({k: f.get_tensor(k) for k in f.keys()}, str(tmp_path / "eagle.safetensors"), metadata=meta)
+    lm = tiny_lm(1, layers=1)
+    with pytest.raises(DrafterUnavailable, match="trained without the sequence cache"):
+        load_head(lm.model, tmp_path / "eagle.safetensors")
+
+
 def test_packed_head_computes_the_module(one_thread):
     """The packed inference head is the trained module's network: the sequence's rows (causal, in one call, the
     last one the root), then three tree rows that see all of them and different branches among themselves, then

@@ -44,7 +44,7 @@ from ..policy import tree_budget
 from ..tree import compile_tree
 from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
                weights_for)
-from .eagle_packed import PackedHead
+from .eagle_packed import PackedHead, grown
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "eagle.safetensors"
@@ -135,6 +135,9 @@ def head_weight(head: Head, lm_head: nn.Module) -> torch.Tensor:
 def load_head(model, path: Path = WEIGHTS) -> tuple[Head, dict]:
     """The shipped head (for `model`'s shapes) and its manifest."""
     sd, meta, manifest = load_weights(path, "eagle")
+    if meta.get("context") != "1":   # written by train eagle since the head keeps a cache over the sequence
+        raise DrafterUnavailable(f"{path.name} is a head trained without the sequence cache this drafter runs: "
+                                 "retrain it with `python -m specdec_core train eagle`")
     ids = sd.pop("draft_vocab", None)
     head = Head.for_target(model, DraftVocab(ids, int(meta["vocab_size"])) if ids is not None else None)
     head.load_state_dict({k: v.float() for k, v in sd.items()})
@@ -178,11 +181,12 @@ class Eagle(Drafter):
         self.draft_ms: float | None = None       # the draft's ms a sized tree weighs; None: this step's own
 
     def begin(self, prompt: list[int]) -> None:
-        # the head's own cache over the sequence: row t (t >= 1) read (f_{t-1}, x_t) at position t, stored at t - 1
+        # the head's own cache over the sequence: row t read (f_{t-1}, x_t) at position t, for t = f_from + 1 ..
+        # done, stored at t - 1 - f_from (the features before f_from were never handed over)
         self.kv = self.fast.scratch(max(64, 2 * len(prompt)))
         self.feat = None                         # features by position [cap, H]: feat[t] = f_t
-        self.f_from = self.f_len = 0             # F holds positions f_from .. f_len - 1
-        self.done = 0                            # the sequence's rows 1..done are in kv
+        self.f_from = self.f_len = 0             # feat holds positions f_from .. f_len - 1
+        self.done = 0                            # the sequence's rows up to position done are in kv
 
     def observe(self, h: torch.Tensor, n: int) -> None:
         """h [j, H] (or [H]): the target's features at positions n - j .. n - 1."""
@@ -190,11 +194,8 @@ class Eagle(Drafter):
         a = n - h.shape[0]
         if self.feat is None or a > self.f_len or a < self.f_from:   # not contiguous: start again from here
             self.feat, self.f_from = h.new_empty(max(64, 2 * n), h.shape[1]), a
-            self.done = self.kv.n = 0
-        if n > self.feat.shape[0]:
-            grown = self.feat.new_empty(2 * n, self.feat.shape[1])
-            grown[:self.f_len] = self.feat[:self.f_len]
-            self.feat = grown
+            self.done, self.kv.n = a, 0
+        self.feat = grown(self.feat, 0, n, self.f_len)
         self.feat[a:n] = h
         self.f_len = n
 
@@ -207,10 +208,9 @@ class Eagle(Drafter):
         t0 = time.perf_counter()
         depth, K = min(ctx.k, self.depth), self.topk
         kv, dev = self.kv, self.fast.device
-        # 0. the sequence's rows not yet run (the tokens committed since, then the root), causal, in one call;
-        # rows before f_from (features never handed over) stay out of reach
-        lo = min(max(self.done, self.f_from), n - 1)      # (a second proposal at the same n runs its root again)
-        kv.n = lo
+        # 0. the sequence's rows not yet run (the tokens committed since, then the root), causal, in one call
+        lo = min(self.done, n - 1)               # (a second proposal at the same n runs its root again)
+        kv.n = lo - self.f_from
         m = n - lo
         f, logits = self.fast(self.feat[lo:n], torch.tensor(ctx.tokens[lo + 1:n + 1]),
                               torch.arange(lo + 1, n + 1, device=dev),
@@ -238,7 +238,7 @@ class Eagle(Drafter):
             front, base, prev = first + pick, sc[pick], 1 + tn
             f, logits = self.fast(f[rows], ix[pick], n + d, bias[1 + tn:1 + tn + m, :tn + m], kv)
             tn += m
-        kv.n = self.done                          # the tree's rows are dropped; the sequence's stay
+        kv.n = self.done - self.f_from            # the tree's rows are dropped; the sequence's stay
         parent, tok, sc = (torch.cat(x) for x in zip(*levels))
         parent, tok, score = parent.tolist(), tok.tolist(), sc.tolist()
         rank = list(range(K)) * (len(tok) // K)

@@ -34,6 +34,18 @@ from ..forward import Dense
 from .packed import mm
 
 
+def grown(t: torch.Tensor, dim: int, rows: int, keep: int) -> torch.Tensor:
+    """t, or a copy with at least `rows` entries along `dim` (doubling, so growth stays rare) whose first `keep`
+    entries are t's."""
+    if rows <= t.shape[dim]:
+        return t
+    shape = list(t.shape)
+    shape[dim] = max(rows, 2 * t.shape[dim])
+    new = t.new_empty(shape)
+    new.narrow(dim, 0, keep).copy_(t.narrow(dim, 0, keep))
+    return new
+
+
 class Scratch:
     """Keys and values of the head's rows in one sequence: k, v [Hkv, N, D] fp32, rows 0..n-1 (the sequence's
     rows, then a proposal's tree rows, dropped by setting n back). Grows by doubling."""
@@ -44,13 +56,7 @@ class Scratch:
         self.n = 0
 
     def reserve(self, rows: int) -> None:
-        if rows > self.k.shape[1]:
-            cap = max(rows, 2 * self.k.shape[1])
-            for name in ("k", "v"):
-                old = getattr(self, name)
-                new = old.new_empty(old.shape[0], cap, old.shape[2])
-                new[:, :self.n] = old[:, :self.n]
-                setattr(self, name, new)
+        self.k, self.v = grown(self.k, 1, rows, self.n), grown(self.v, 1, rows, self.n)
 
 
 class PackedHead:
