@@ -9,7 +9,8 @@ Leviathan et al. (2023, sec. 3.5) pick one k from the acceptance rate and the dr
                 (lookup, suffix, medusa) ignore it
   batch       - k by batch size (vLLM's per-batch-size setting): the fuller the batch, the less spare compute a
                 verification can use, so k shrinks and drafting stops past a size (batch.py)
-A tree's size has its own rule, `tree_budget` (EAGLE's sized trees): as many nodes as pay for the rows they add.
+A tree's size has its own rule, `tree_budget` (EAGLE's sized trees): as many nodes as pay for the rows they add;
+and its depth, `deeper_pays`: a draft level is run only while the nodes it can add may pay for its time.
 Every policy decides from the draft's own information and the verdicts of earlier steps only, never from the
 target's distribution at the positions being drafted, so the exact rule is untouched.
 """
@@ -82,3 +83,12 @@ def tree_budget(p: list[float], most: int, block: int, costs: list[float], fixed
         if n == most:
             break
     return pick
+
+
+def deeper_pays(best_p: float, topk: int, level_ms: float, tokens_per_ms: float | None) -> bool:
+    """Whether one more level of a tree draft can pay for itself. It adds `topk` children to each of the `topk`
+    likeliest nodes so far, and a child's chance of acceptance is at most its parent's, so the nodes it could add
+    to the verified tree carry at most topk * best_p expected tokens (best_p: the likeliest frontier node's
+    cumulative draft probability). The level costs `level_ms`, which at the steps' measured rate buys
+    level_ms * tokens_per_ms tokens. Without a rate yet: yes."""
+    return tokens_per_ms is None or topk * best_p >= level_ms * tokens_per_ms

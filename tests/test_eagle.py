@@ -288,15 +288,15 @@ def test_sized_budget_weighs_expected_tokens_against_measured_block_costs(one_th
     d.block = 4
     score = [math.log(p) for p in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.04, 0.03)]
     order = list(range(len(score)))
-    assert d._budget(score, order, 0.002) == 12        # no cost table: the most allowed (all 12 drafted)
+    assert d._budget(score, order, 2.0) == 12        # no cost table: the most allowed (all 12 drafted)
     d.costs = [10.0, 10.5, 30.0, 40.0]                 # a second block almost free, a third dear
-    assert d._budget(score, order, 0.002) == 7
+    assert d._budget(score, order, 2.0) == 7
     d.costs = [10.0, 20.0, 30.0, 40.0]                 # every block as dear as a step: 3 nodes pay best
-    assert d._budget(score, order, 0.002) == 3
+    assert d._budget(score, order, 2.0) == 3
     d.costs = [10.0, 10.0, 10.0, 10.0]                 # blocks free: everything drafted
-    assert d._budget(score, order, 0.002) == 12
+    assert d._budget(score, order, 2.0) == 12
     d.nodes = 5
-    assert d._budget(score, order, 0.002) == 5         # never past `nodes`
+    assert d._budget(score, order, 2.0) == 5         # never past `nodes`
 
 
 def test_sized_trees_stay_exact(one_thread):
@@ -316,3 +316,35 @@ def test_sized_trees_stay_exact(one_thread):
         assert got[:len(base)] == base
         sizes |= {r.tree.drafted for r in recs if r.tree is not None}
     assert sizes == {3, 7}
+
+
+def test_a_sized_tree_stops_drafting_when_no_deeper_level_can_pay(one_thread):
+    """deeper_pays weighs a level's ms at the steps' rate against the expected tokens its nodes could add; once
+    the rate says a level buys more than the frontier's nodes can carry, the head runs fewer levels (counted on
+    its calls), drafts no node past the stop, and the output stays plain decoding's."""
+    from specdec_core.policy import deeper_pays
+    assert deeper_pays(0.5, 3, 1.0, None)                         # no rate measured yet: draft on
+    assert deeper_pays(0.05, 3, 0.5, 0.2) and not deeper_pays(0.03, 3, 0.5, 0.2)   # 0.15 >= 0.1 > 0.09
+    tgt = tiny_lm(1, layers=1, forward="ours")
+    base, _, _ = engine.run(tgt, make("none", tgt), [1, 2, 3], max_new_tokens=16, detail=False)
+    calls = {}
+    for rate in (None, 1e6):                                      # never stop / every level too dear
+        d = Eagle(tgt, _random_head(tgt, 2), manifest={}, depth=4, topk=3, nodes=15, sized=True)
+        d.costs, d.draft_ms = [10.0, 11.0, 30.0, 40.0], 1.0
+        d._measure = lambda n, d=d, rate=rate: setattr(d, "rate", rate)   # pin the rate the steps measure
+        n = [0]
+
+        class Counted:                                            # the packed head, its calls counted
+            def __getattr__(self, a, _f=d.fast):
+                return getattr(_f, a)
+
+            def __call__(self, *a, _f=d.fast, **k):
+                n[0] += 1
+                return _f(*a, **k)
+        d.fast, per = Counted(), []
+        d.propose = lambda ctx, _p=d.propose: (n.__setitem__(0, 0), _p(ctx), per.append(n[0]))[1]
+        got, recs, _ = engine.run(tgt, d, [1, 2, 3], k=4, max_new_tokens=16, detail=True, stop_at_eos=False)
+        assert got[:len(base)] == base
+        calls[rate] = (max(per), max(r.tree.depth for r in recs if r.tree is not None))
+    # the head's calls per proposal: the root's, then one per level but the last (4 deep: 3); stopped: level 1's
+    assert calls[None][0] == 4 and calls[1e6] == (2, 2)

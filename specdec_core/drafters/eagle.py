@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..policy import tree_budget
+from ..policy import deeper_pays, tree_budget
 from ..tree import compile_tree
 from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
                weights_for)
@@ -179,6 +179,7 @@ class Eagle(Drafter):
         self.costs = target.backend.block_ms() if self.sized else []   # measured once per target forward
         self.block = target.backend.row_block
         self.draft_ms: float | None = None       # the draft's ms a sized tree weighs; None: this step's own
+        self.rate: float | None = None           # sized: committed tokens per ms of a step (draft + score), smoothed
 
     def begin(self, prompt: list[int]) -> None:
         # the head's own cache over the sequence: row t read (f_{t-1}, x_t) at position t, for t = f_from + 1 ..
@@ -187,6 +188,7 @@ class Eagle(Drafter):
         self.feat = None                         # features by position [cap, H]: feat[t] = f_t
         self.f_from = self.f_len = 0             # feat holds positions f_from .. f_len - 1
         self.done = 0                            # the sequence's rows up to position done are in kv
+        self._last = None                        # (n, estimated step ms) of the last proposal (sized trees)
 
     def observe(self, h: torch.Tensor, n: int) -> None:
         """h [j, H] (or [H]): the target's features at positions n - j .. n - 1."""
@@ -206,6 +208,7 @@ class Eagle(Drafter):
         if self.feat is None or self.f_len != n or ctx.k < 1 or n < 1:
             return Proposal.empty()
         t0 = time.perf_counter()
+        self._measure(n)
         depth, K = min(ctx.k, self.depth), self.topk
         kv, dev = self.kv, self.fast.device
         # 0. the sequence's rows not yet run (the tokens committed since, then the root), causal, in one call
@@ -223,6 +226,7 @@ class Eagle(Drafter):
         # ties break as in drafting order), as tensors: Python touches them once, after the last level
         levels, count, tn, prev = [], 0, 0, 0
         front, base = torch.tensor([-1]), torch.zeros(1, dtype=torch.float64)   # the rows just run, their scores
+        t1 = time.perf_counter()                 # when the level being timed began
         for d in range(1, depth + 1):
             lp, ix = torch.topk(torch.log_softmax(logits, -1, dtype=torch.float32), K, -1)   # [m, K] each
             ix = (self.ids[ix] if self.ids is not None else ix).flatten()                # [m K] token ids
@@ -232,6 +236,10 @@ class Eagle(Drafter):
             if d == depth:
                 break
             pick = torch.sort(sc, descending=True, stable=True).indices[:K]   # expand the likeliest K
+            level_ms = 1e3 * (time.perf_counter() - t1) if self.draft_ms is None else self.draft_ms / self.depth
+            if self.sized and d > 1 and not deeper_pays(math.exp(sc[pick[0]]), K, level_ms, self.rate):
+                break                                     # the next level cannot pay for its time: stop here
+            t1 = time.perf_counter()
             rows, m = pick // K, pick.numel()                                           # rows of f (parents)
             bias[1 + tn:1 + tn + m] = bias[prev + rows]                                 # the parents' branches
             bias[1 + tn:1 + tn + m, tn:tn + m].diagonal().zero_()                       # and each row itself
@@ -243,14 +251,24 @@ class Eagle(Drafter):
         parent, tok, score = parent.tolist(), tok.tolist(), sc.tolist()
         rank = list(range(K)) * (len(tok) // K)
         order = torch.sort(sc, descending=True, stable=True).indices.tolist()
-        return self._tree(parent, rank, tok, score, order, self._budget(score, order, time.perf_counter() - t0))
+        draft_ms = 1e3 * (time.perf_counter() - t0) if self.draft_ms is None else self.draft_ms
+        budget = self._budget(score, order, draft_ms)
+        if self.sized and self.costs:   # this step's ms: the draft and the score pass of its rows (root + budget)
+            self._last = (n, draft_ms + self.costs[min(len(self.costs), -(-(budget + 1) // self.block)) - 1])
+        return self._tree(parent, rank, tok, score, order, budget)
 
-    def _budget(self, score, order, draft_s: float) -> int:
+    def _measure(self, n: int) -> None:
+        """Sized: the tokens the last step committed (n moved by them) over its estimated ms, smoothed."""
+        if self._last is not None and n > self._last[0]:
+            r = (n - self._last[0]) / self._last[1]
+            self.rate = r if self.rate is None else 0.8 * self.rate + 0.2 * r
+        self._last = None
+
+    def _budget(self, score, order, draft_ms: float) -> int:
         """How many drafted nodes to verify: `nodes`, or, sized, policy.tree_budget's count (the nodes'
         cumulative draft probabilities against the target's measured cost of the rows they add)."""
         p = [math.exp(score[i]) for i in order[:self.nodes]]
-        return tree_budget(p, self.nodes, self.block, self.costs,
-                           1e3 * draft_s if self.draft_ms is None else self.draft_ms)
+        return tree_budget(p, self.nodes, self.block, self.costs, draft_ms)
 
     def _tree(self, parent, rank, tok, score, order, budget) -> Proposal:
         """Keep the `budget` likeliest drafted nodes (prefix-closed), as rank paths and tokens in tree order."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .prompts import expanded, more
+from .prompts import expanded, more, third
 
 CACHE_DIR = Path("runs/distill")
 
@@ -234,11 +234,14 @@ def bench_prompts() -> set[str]:
 
 def training_groups() -> list[list[str]]:
     """The training prompts in the groups they were added in, each group's answers cached apart: the
-    hand-written prompts and the first templates, then prompts.more(); benchmark and held-out ones dropped."""
-    unseen = set(HELDOUT) | bench_prompts()
-    first = PROMPTS + expanded(exclude=set(PROMPTS) | unseen)
-    seen = set(first) | unseen
-    return [first, [p for p in dict.fromkeys(more()) if p not in seen]]
+    hand-written prompts and the first templates, then prompts.more(), then prompts.third(); benchmark and
+    held-out ones dropped, and any a group before it holds."""
+    seen = set(HELDOUT) | bench_prompts()
+    groups = [PROMPTS + expanded(exclude=set(PROMPTS) | seen)]
+    for extra in (more(), third()):
+        seen |= set(groups[-1])
+        groups.append([p for p in dict.fromkeys(extra) if p not in seen])
+    return groups
 
 
 def training_prompts() -> list[str]:

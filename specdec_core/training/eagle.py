@@ -154,11 +154,17 @@ def main(argv: list[str]) -> int:
     LOGP = torch.cat([r[3] for r in rows]).float()
     trained = sum(int((d[a0:] >= 0).sum()) for _, _, d, a0 in seqs)
     print(f"{len(seqs)} training sequences, {trained} trained rows, crops of at most {a.crop} rows")
-    head = Head.for_target(lm.model, vocab).train()
-    if a.init:   # go on from a trained head (its draft vocabulary must be the one picked here)
+    start = None
+    if a.init:   # go on from a trained head: its draft vocabulary too (its LM-head rows are what it learned to rank)
         start, _ = load_head(lm.model, a.init)
-        if start.vocab is None or not torch.equal(start.vocab.ids, vocab.ids):
-            raise SystemExit(f"--init {a.init}: its draft vocabulary differs from this data's; train from scratch")
+        if start.vocab is None:
+            raise SystemExit(f"--init {a.init}: a head without a draft vocabulary; train from scratch")
+        if not torch.equal(start.vocab.ids, vocab.ids):
+            print(f"--init: keeping {a.init.name}'s draft vocabulary ({len(start.vocab.ids)} tokens) instead of "
+                  "the one this data would pick")
+        vocab = start.vocab
+    head = Head.for_target(lm.model, vocab).train()
+    if start is not None:
         head.load_state_dict(start.state_dict())
     emb = lm.model.get_input_embeddings().weight.detach()                           # [V, H] frozen
     head_w = head_weight(head, lm.model.get_output_embeddings()).detach()          # [v, H] frozen
@@ -217,7 +223,8 @@ def main(argv: list[str]) -> int:
                    params=sum(p.numel() for p in head.parameters()),
                    dtype="bfloat16 (stored); drafting runs packed products in the target's dtype"),
         vocab=dict(size=len(vocab.ids), train_coverage=round(vocab.coverage([r[0] for r in rows],
-                   [r[1] for r in rows]), 4), how="as the other trained drafters (training/common.py make_vocab)"),
+                   [r[1] for r in rows]), 4), how="kept from the head this run went on from (--init)" if start is not None else
+                   "as the other trained drafters (training/common.py make_vocab)"),
         data=dict(desc, sequences=len(seqs), trained_rows=trained, crop=a.crop), unroll=a.unroll, steps=done, steps_planned=a.steps,
         minutes_cap=a.minutes, batch=a.batch, lr=a.lr,
         loss=f"mean over (teacher-forced pass, last unrolled pass) of smooth_L1(f^, f) + {W_CE} * "

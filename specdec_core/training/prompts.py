@@ -299,3 +299,105 @@ def _camel(sig: str) -> str:
     name, rest = sig.split("(", 1)
     head, *tail = name.split("_")
     return head + "".join(t.title() for t in tail) + "(" + rest
+
+
+# A third group, for the EAGLE head's sequence-cache training (its answers cached apart like the second's):
+# more of the code and JSON the head is benchmarked on, in every language and phrasing the first two groups
+# combined only partly, plus new signatures and records (none near a fresh evaluation prompt: no vowel counting,
+# dictionary merging, planets or cities). The drafters trained before it record the prompts they
+# saw (their manifests' `prompts`); `--n-prompts` reproduces them.
+SIGNATURES_3 = [
+    ("title_words(text)", "capitalizes the first letter of every word of a text"),
+    ("sum_of_squares(xs)", "returns the sum of the squares of a list of numbers"),
+    ("only_strings(xs)", "keeps only the string values of a list"),
+    ("last_word(text)", "returns the last word of a sentence, without punctuation"),
+    ("parse_date(s)", "parses a date like '2024-05-17' into a (year, month, day) tuple"),
+    ("freq_sorted(words)", "returns the words of a list sorted by how often they occur, most frequent first"),
+    ("bucket_scores(scores)", "sorts exam scores into a dictionary of grade letters A to F"),
+    ("prefix_sums(xs)", "returns the list of running totals of a list"),
+    ("max_gap(xs)", "returns the largest difference between two neighbouring values of a sorted list"),
+    ("is_prime(n)", "checks whether an integer is a prime number"),
+    ("pad_left(s, width)", "pads a string on the left with zeros up to a given width"),
+    ("count_lines(path)", "returns the number of lines of a text file"),
+    ("read_csv_rows(path)", "reads a CSV file into a list of dictionaries keyed by the header"),
+    ("celsius_table(lo, hi)", "returns a list of (celsius, fahrenheit) pairs from lo to hi"),
+    ("squares_dict(n)", "returns a dictionary mapping 1..n to their squares"),
+    ("drop_every(xs, n)", "drops every n-th element of a list"),
+    ("sum_columns(rows)", "sums the columns of a list of equal-length lists of numbers"),
+    ("slugify(title)", "turns a title into a lowercase URL slug with hyphens"),
+    ("nearest(xs, x)", "returns the value of a list closest to x"),
+    ("count_by(items, key)", "counts the dictionaries of a list by the value under one key"),
+    ("compact_spaces(s)", "replaces every run of spaces in a string with one space"),
+    ("ends_with_any(s, suffixes)", "checks whether a string ends with any of a list of suffixes"),
+    ("first_n_primes(n)", "returns the first n prime numbers"),
+    ("histogram(xs)", "prints a line of stars for each value of a list"),
+    ("fizzbuzz(n)", "returns the FizzBuzz strings from 1 to n"),
+    ("capitalize_keys(d)", "returns a copy of a dictionary whose string keys are capitalized"),
+    ("dot(a, b)", "returns the dot product of two equal-length lists"),
+    ("matrix_sum(m)", "returns the sum of every number in a list of lists"),
+    ("weekday_name(n)", "returns the name of the weekday for a number from 0 to 6"),
+    ("mean_and_std(xs)", "returns the mean and the standard deviation of a list"),
+    ("initials(name)", "returns the initials of a full name, like 'J.R.R.'"),
+    ("remove_prefix(s, prefix)", "removes a prefix from a string if it starts with it"),
+    ("pairs(xs)", "returns every unordered pair of distinct elements of a list"),
+    ("letter_grade(score)", "converts a numeric score from 0 to 100 into a letter grade"),
+    ("seconds_to_hms(s)", "formats a number of seconds as 'HH:MM:SS'"),
+    ("max_by(items, key)", "returns the dictionary of a list with the largest value under one key"),
+    ("evens_squared(xs)", "returns the squares of the even numbers of a list"),
+]
+
+FIELDS_3 = [
+    ("a train ticket", "passenger, from, to, date, seat and first_class (a boolean)"),
+    ("a bank account", "iban, owner, balance, currency and frozen (a boolean)"),
+    ("a doctor's appointment", "patient, doctor, date, time and confirmed (a boolean)"),
+    ("a smartphone", "brand, model, storage_gb, price and colors (a list of strings)"),
+    ("a university course", "code, title, credits, teacher and prerequisites (a list of strings)"),
+    ("a rental car", "company, model, days, price_per_day and insurance (a boolean)"),
+    ("a podcast", "title, host, episodes, language and topics (a list of strings)"),
+    ("a pet", "name, species, age, vaccinated (a boolean) and toys (a list of strings)"),
+    ("a restaurant", "name, cuisine, rating, price_level and open_days (a list of strings)"),
+    ("a sports team", "name, city, founded, league and players (a list of strings)"),
+    ("an invoice", "number, client, date, total and paid (a boolean)"),
+    ("a web request log entry", "method, path, status, duration_ms and user_agent"),
+    ("a board game", "name, min_players, max_players, minutes and categories (a list of strings)"),
+    ("a garden plant", "name, sunlight, water_per_week, perennial (a boolean) and colors (a list of strings)"),
+    ("a software release", "version, date, stable (a boolean) and changes (a list of strings)"),
+]
+
+VALUES_3 = [
+    ("a laptop", "brand, model, ram_gb and price", "a Lenovo ThinkPad X1 with 16 GB at 1499 dollars"),
+    ("a person", "name, age, job and hobbies (a list of strings)", "Tomas, 29, a chef who likes cycling and chess"),
+    ("a flight", "number, from, to and departure", "flight LH 400 from Frankfurt to New York at 10:35"),
+    ("a recipe", "name, servings and ingredients (a list of strings)", "pancakes for four with flour, eggs and milk"),
+    ("a movie", "title, year, director and runtime_minutes", "'Up' from 2009 by Pete Docter, 96 minutes"),
+    ("a hotel", "name, city, stars and amenities (a list of strings)", "the Grand Hotel in Oslo, 4 stars, a pool and a gym"),
+    ("a student", "name, grade, subjects (a list of strings) and passed (a boolean)", "Aiko in grade 9 taking maths and art, passed"),
+    ("an event", "title, date, city and speakers (a list of strings)", "PyCon on 14 April in Pittsburgh with Ana and Raj"),
+]
+
+PLURAL_FIELDS_3 = [
+    ("authors", "name, country and born"),
+    ("rivers", "name, length_km and continent"), ("phones", "brand, model and price"),
+    ("animals", "name, legs and can_fly (a boolean)"),
+    ("products", "id, name and price"), ("movies", "title, director and year"),
+    ("users", "id, username and active (a boolean)"), ("courses", "code, title and credits"),
+]
+
+
+def third() -> list[str]:
+    """The third group: every language for the code tasks, new signatures and records, more JSON phrasings."""
+    out = [f"Write a {lang} function that {task}." for lang, task in itertools.product(LANGS[6:], TASKS)]
+    out += [f"Write a Python function `{sig}` that {task}." for sig, task in SIGNATURES_3]
+    out += [f"Write a Python function `{sig}` that {task}. Include a docstring." for sig, task in SIGNATURES_3[::2]]
+    out += [f"Write a {lang} function `{sig if lang == 'Rust' else _camel(sig)}` that {task}." for (sig, task), lang in
+            zip(SIGNATURES_3, itertools.cycle(OTHER_LANGS[::-1]))]
+    out += [f"Write a Python function `{sig}` that {task}. Keep it short." for sig, task in SIGNATURES[2::3]]
+    out += [f"Return a JSON object for {t} with the fields {f}." for t, f in FIELDS_3 + THINGS
+            if t not in ("a planet", "a city")]
+    out += [f"Give a JSON object describing {t} with {f}." for t, f in FIELDS_3[1::2] + FIELDS[1::2]]
+    out += [f"Return a JSON object describing {t} with the fields {f}. Use {v}." for t, f, v in VALUES_3]
+    out += [f"Give a JSON array of {n} {p}, each an object with {f} fields." for (p, f), n in
+            itertools.product(PLURAL_FIELDS_3, ["two", "three", "five"])]
+    out += [f"Give a JSON array of {n} {p}, each an object with {f} fields." for (p, f), n in
+            zip(PLURAL_FIELDS, itertools.cycle(["three", "four", "two", "six"]))]
+    return out
