@@ -95,7 +95,7 @@ def test_packed_head_computes_the_module(one_thread):
     last one the root), then three tree rows that see all of them and different branches among themselves, then
     the tree rows dropped and a second tree: fp32 features and logits agree with Head.forward to ~1e-5."""
     tgt = tiny_lm(1, layers=1)
-    d = Eagle(tgt, _random_head(tgt, 4), manifest={}, depth=3, topk=3, nodes=8)
+    d = Eagle(tgt, _random_head(tgt, 4), manifest={}, depth=3, topk=3, nodes=8, int8=False)   # its products exact
     assert d.fast.dtype == torch.float32 and d.fast.qkv.w.shape[0] == d.head.q.out_features + 2 * d.head.k.out_features
     ref = ModuleStep(d)
     torch.manual_seed(0)
@@ -122,7 +122,7 @@ def test_packed_drafting_proposes_the_module_trees(one_thread):
     sequence grows step by step (the head's own cache carried from step to step)."""
     tgt = tiny_lm(2, layers=1)
     head = _random_head(tgt, 5)
-    fast = Eagle(tgt, head, manifest={}, depth=4, topk=3, nodes=10)
+    fast = Eagle(tgt, head, manifest={}, depth=4, topk=3, nodes=10, int8=False)
     slow = Eagle(tgt, head, manifest={}, depth=4, topk=3, nodes=10)
     slow.fast = ModuleStep(slow)
     seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]
@@ -223,7 +223,7 @@ def test_training_crops_and_unrolling_match_drafting(one_thread):
     P = 3
     with torch.no_grad():
         outs = unrolled(head, f0.float(), tgt.model.get_input_embeddings().weight[tok].float(), pos, P)
-    d = Eagle(tgt, head, manifest={}, depth=P, topk=1, nodes=P)
+    d = Eagle(tgt, head, manifest={}, depth=P, topk=1, nodes=P, int8=False)
     for p in range(P):
         for t in range(p, 9):                           # crop row t = position t + 1; its root at row t - p
             r = t - p
@@ -348,3 +348,19 @@ def test_a_sized_tree_stops_drafting_when_no_deeper_level_can_pay(one_thread):
         calls[rate] = (max(per), max(r.tree.depth for r in recs if r.tree is not None))
     # the head's calls per proposal: the root's, then one per level but the last (4 deep: 3); stopped: level 1's
     assert calls[None][0] == 4 and calls[1e6] == (2, 2)
+
+
+def test_int8_head_products_round_within_half_a_step_per_weight():
+    """packed.Int8: each weight rounds to the nearest of 255 steps of its row's scale, so a product is off by at
+    most sum_k |x_k| * scale / 2 (plus the output dtype's rounding); the EAGLE head drafts with it on the CPU."""
+    from specdec_core.drafters.packed import Int8, mm
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(96, 64, generator=g), torch.randn(5, 64, generator=g)
+    q = Int8(w)
+    assert q.q.dtype == torch.int8 and q.q.abs().max() == 127
+    bound = x.abs().sum(-1, keepdim=True) * q.s[None] / 2                    # [5, 96]
+    err = (mm(q, x) - x @ w.T).abs()
+    assert (err <= bound + 1e-4).all() and err.max() > 0
+    tgt = tiny_lm(0)
+    assert Eagle(tgt, _random_head(tgt), manifest={}).fast.int8
+    assert not Eagle(tgt, _random_head(tgt), manifest={}, int8=False).fast.int8

@@ -149,7 +149,7 @@ class Eagle(Drafter):
     reads_hidden = entry(name).reads_hidden   # the engine hands over the target's hidden state (observe)
 
     def __init__(self, target, head: Head | None = None, manifest: dict | None = None, depth: int | None = None,
-                 topk: int | None = None, nodes: int | None = None, sized: bool | None = None):
+                 topk: int | None = None, nodes: int | None = None, sized: bool | None = None, int8: bool = True):
         if head is None:
             if not weights_for(self.name, target):
                 raise untrained(self.name, target)
@@ -171,8 +171,9 @@ class Eagle(Drafter):
         self.target, self.manifest = target, manifest
         self.head = head.to(target.device)          # the trained module; drafting runs its packed copy
         lm_w = head_weight(head, target.model.get_output_embeddings())                  # [v, H]
+        # on the CPU the head's products read int8 weights (half the bytes; eagle_packed.py says what it costs)
         self.fast = PackedHead(self.head, target.model.get_input_embeddings().weight, lm_w, target.dtype,
-                               max_pos=512)
+                               max_pos=512, int8=int8 and target.device.type == "cpu")
         self.ids = head.vocab.ids.to(target.device) if head.vocab is not None else None
         self._trees: dict[tuple, object] = {}    # compiled tree per shape (rank paths)
         self.begin([])

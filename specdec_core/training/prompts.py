@@ -303,8 +303,8 @@ def _camel(sig: str) -> str:
 
 # A third group, for the EAGLE head's sequence-cache training (its answers cached apart like the second's):
 # more of the code and JSON the head is benchmarked on, in every language and phrasing the first two groups
-# combined only partly, plus new signatures and records (none near a fresh evaluation prompt: no vowel counting,
-# dictionary merging, planets or cities). The drafters trained before it record the prompts they
+# combined only partly, plus new signatures and records (none near a fresh evaluation prompt or a preset: no vowel
+# counting, dictionary merging, planets, cities, users, primes or CSV reading). The drafters trained before it record the prompts they
 # saw (their manifests' `prompts`); `--n-prompts` reproduces them.
 SIGNATURES_3 = [
     ("title_words(text)", "capitalizes the first letter of every word of a text"),
@@ -316,10 +316,8 @@ SIGNATURES_3 = [
     ("bucket_scores(scores)", "sorts exam scores into a dictionary of grade letters A to F"),
     ("prefix_sums(xs)", "returns the list of running totals of a list"),
     ("max_gap(xs)", "returns the largest difference between two neighbouring values of a sorted list"),
-    ("is_prime(n)", "checks whether an integer is a prime number"),
     ("pad_left(s, width)", "pads a string on the left with zeros up to a given width"),
     ("count_lines(path)", "returns the number of lines of a text file"),
-    ("read_csv_rows(path)", "reads a CSV file into a list of dictionaries keyed by the header"),
     ("celsius_table(lo, hi)", "returns a list of (celsius, fahrenheit) pairs from lo to hi"),
     ("squares_dict(n)", "returns a dictionary mapping 1..n to their squares"),
     ("drop_every(xs, n)", "drops every n-th element of a list"),
@@ -379,8 +377,7 @@ PLURAL_FIELDS_3 = [
     ("authors", "name, country and born"),
     ("rivers", "name, length_km and continent"), ("phones", "brand, model and price"),
     ("animals", "name, legs and can_fly (a boolean)"),
-    ("products", "id, name and price"), ("movies", "title, director and year"),
-    ("users", "id, username and active (a boolean)"), ("courses", "code, title and credits"),
+    ("products", "id, name and price"), ("movies", "title, director and year"), ("courses", "code, title and credits"),
 ]
 
 
