@@ -86,9 +86,9 @@ def tree_budget(p: list[float], most: int, block: int, costs: list[float], fixed
 
 
 def deeper_pays(best_p: float, topk: int, level_ms: float, tokens_per_ms: float | None) -> bool:
-    """Whether one more level of a tree draft can pay for itself. It adds `topk` children to each of the `topk`
-    likeliest nodes so far, and a child's chance of acceptance is at most its parent's, so the nodes it could add
-    to the verified tree carry at most topk * best_p expected tokens (best_p: the likeliest frontier node's
+    """Whether one more level of a tree draft can pay for itself. It adds children to the `topk` likeliest nodes
+    so far, and the children of a node share at most that node's cumulative probability, so the nodes it could
+    add to the verified tree carry at most topk * best_p expected tokens (best_p: the likeliest frontier node's
     cumulative draft probability). The level costs `level_ms`, which at the steps' measured rate buys
     level_ms * tokens_per_ms tokens. Without a rate yet: yes."""
     return tokens_per_ms is None or topk * best_p >= level_ms * tokens_per_ms

@@ -173,7 +173,7 @@ class Eagle(Drafter):
         lm_w = head_weight(head, target.model.get_output_embeddings())                  # [v, H]
         # on the CPU the head's products read int8 weights (half the bytes; eagle_packed.py says what it costs)
         self.fast = PackedHead(self.head, target.model.get_input_embeddings().weight, lm_w, target.dtype,
-                               max_pos=512, int8=int8 and target.device.type == "cpu")
+                               max_pos=512, int8=int8)
         self.ids = head.vocab.ids.to(target.device) if head.vocab is not None else None
         self._trees: dict[tuple, object] = {}    # compiled tree per shape (rank paths)
         self.begin([])
@@ -237,9 +237,10 @@ class Eagle(Drafter):
             if d == depth:
                 break
             pick = torch.sort(sc, descending=True, stable=True).indices[:K]   # expand the likeliest K
-            level_ms = 1e3 * (time.perf_counter() - t1) if self.draft_ms is None else self.draft_ms / self.depth
-            if self.sized and d > 1 and not deeper_pays(math.exp(sc[pick[0]]), K, level_ms, self.rate):
-                break                                     # the next level cannot pay for its time: stop here
+            if self.sized and d > 1:                      # the level just run, timed (or pinned with draft_ms)
+                level_ms = 1e3 * (time.perf_counter() - t1) if self.draft_ms is None else self.draft_ms / self.depth
+                if not deeper_pays(math.exp(sc[pick[0]]), K, level_ms, self.rate):
+                    break                                 # the next level cannot pay for its time: stop here
             t1 = time.perf_counter()
             rows, m = pick // K, pick.numel()                                           # rows of f (parents)
             bias[1 + tn:1 + tn + m] = bias[prev + rows]                                 # the parents' branches

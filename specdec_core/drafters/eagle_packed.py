@@ -34,8 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..forward import Dense
-from .packed import Int8, mm
+from .packed import Int8, mm, product
 
 
 def grown(t: torch.Tensor, dim: int, rows: int, keep: int) -> torch.Tensor:
@@ -70,21 +69,20 @@ class PackedHead:
                  int8: bool = False):
         """head: an eagle.Head (its weights are copied, in `dtype`); embed [V, H]: the target's token embedding;
         lm_w [v, H]: the target's LM-head rows for the draft vocabulary. int8: the products' weights in int8
-        (packed.Int8), where this torch has the kernel."""
+        where packed.int8_ok (the CPU, with the kernel)."""
         dev = embed.device
         w = lambda *mods: torch.cat([m.weight.detach() for m in mods]).to(dev, dtype).contiguous()   # noqa: E731
         f32 = lambda t: t.detach().to(dev, torch.float32)                                            # noqa: E731
         self.Hq, self.Hkv, self.D, self.eps = head.n_heads, head.n_kv, head.hd, head.eps
         self.dtype, self.device = dtype, dev
-        lm = lm_w.detach().to(dev, dtype).contiguous()
-        self.int8 = int8 and Int8.usable(lm)
-        P = Int8 if self.int8 else Dense
+        P = lambda t: product(t, int8)                                                               # noqa: E731
         self.fc, self.fc_b = P(w(head.fc)), f32(head.fc.bias)                              # [H, 2H], [H]
         self.qkv = P(w(head.q, head.k, head.v))                                            # [(Hq + 2 Hkv) D, H]
         self.o = P(w(head.o))                                                              # [H, Hq D]
         self.gu = P(w(head.gate, head.up))                                                 # [2 I, H]
         self.down = P(w(head.down))                                                        # [H, I]
-        self.lm = P(lm)                                                                    # [v, H]
+        self.lm = P(lm_w.detach().to(dev, dtype).contiguous())                            # [v, H]
+        self.int8 = isinstance(self.lm, Int8)
         self.ln1, self.ln2, self.norm = f32(head.ln1), f32(head.ln2), f32(head.norm)
         self.embed = embed.detach().to(dtype)                                              # [V, H]
         self.theta = head.theta

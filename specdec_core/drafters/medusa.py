@@ -24,11 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..forward import Dense
 from ..tree import Tree, compile_tree
 from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
                weights_for)
-from .packed import Int8, mm
+from .packed import mm, product
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "medusa.safetensors"
@@ -74,17 +73,15 @@ def ranked(heads: Heads, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tens
 class PackedHeads:
     """The first n heads for drafting: all n blocks as one packed product (they all read the same h: their
     weights stacked [n H, H]) and the shared LM head's draft-vocabulary rows packed, both in the target's
-    dtype (forward.Dense, packed.mm), or with int8 weights (packed.Int8: half the bytes; on the CPU, as EAGLE's
-    head). `Heads` stays the module training runs; this computes what `ranked` computes on it, up to the
+    dtype (forward.Dense, packed.mm), or with int8 weights where packed.int8_ok (packed.Int8: half the bytes;
+    the CPU, as EAGLE's head). `Heads` stays the module training runs; this computes what `ranked` computes on it, up to the
     products' rounding."""
 
     def __init__(self, heads: Heads, w: torch.Tensor, n: int, dtype: torch.dtype, int8: bool = False):
         H = heads.w.shape[-1]
         self.n, self.H, self.dtype = n, H, dtype
-        blocks = heads.w[:n].detach().reshape(n * H, H).to(w.device, dtype).contiguous()              # [n H, H]
-        lm = w.detach().to(dtype).contiguous()                                                        # [v, H]
-        P = Int8 if int8 and Int8.usable(lm) else Dense
-        self.blocks, self.lm = P(blocks), P(lm)
+        self.blocks = product(heads.w[:n].detach().reshape(n * H, H).to(w.device, dtype).contiguous(), int8)
+        self.lm = product(w.detach().to(dtype).contiguous(), int8)                                  # [v, H]
         self.b = heads.b[:n].detach().to(w.device, torch.float32)                                     # [n, H]
         self.ids = heads.vocab.ids.to(w.device) if heads.vocab is not None else None
 
@@ -135,8 +132,7 @@ class Medusa(Drafter):
         self.heads = heads.to(target.device)
         self.lm_head = target.model.get_output_embeddings()
         self.head_w = head_weight(heads, self.lm_head)
-        self.fast = PackedHeads(self.heads, self.head_w, self.tree.max_depth, target.dtype,   # what drafting runs
-                                int8=target.device.type == "cpu")
+        self.fast = PackedHeads(self.heads, self.head_w, self.tree.max_depth, target.dtype, int8=True)   # drafting
         self.default_k = self.tree.max_depth
         self._cut: dict[int, Tree] = {}
         self.h, self.h_len = None, -1

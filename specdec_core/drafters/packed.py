@@ -14,6 +14,8 @@ little, which can only move acceptance: the exact rule checks every drafted toke
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -26,20 +28,27 @@ class Int8:
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None):
         s = w.float().abs().amax(1).clamp_min(1e-12) / 127                              # [N]
         self.q = (w.float() / s[:, None]).round_().clamp_(-127, 127).to(torch.int8).contiguous()
-        self.s, self.b, self.dtype = s.to(w.dtype), b, w.dtype
+        self.s, self.b = s.to(w.dtype), b
 
-    @staticmethod
-    def usable(w: torch.Tensor) -> bool:
-        """Whether this build of torch has the int8 product for w's device and dtype (checked by running it)."""
-        if not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
-            return False
-        try:
-            x = w.new_zeros(1, w.shape[1])
-            torch.ops.aten._weight_int8pack_mm(x, torch.zeros(8, w.shape[1], dtype=torch.int8, device=w.device),
-                                               w.new_ones(8))
-            return True
-        except (RuntimeError, NotImplementedError):
-            return False
+
+@functools.lru_cache(maxsize=None)
+def int8_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether drafts use Int8 there: on the CPU only (a draft head's few rows are bound by the bytes read; on
+    a GPU the packed product is no bottleneck), where this build of torch has the kernel (probed once)."""
+    if device.type != "cpu" or not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        return False
+    try:
+        torch.ops.aten._weight_int8pack_mm(torch.zeros(1, 32, dtype=dtype, device=device),
+                                           torch.zeros(8, 32, dtype=torch.int8, device=device),
+                                           torch.ones(8, dtype=dtype, device=device))
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def product(w: torch.Tensor, int8: bool = False) -> Dense | Int8:
+    """A draft's product weight: Int8 where asked and `int8_ok`, else forward.Dense (packed)."""
+    return Int8(w) if int8 and int8_ok(w.device, w.dtype) else Dense(w)
 
 
 def mm(d: Dense | Int8, x: torch.Tensor) -> torch.Tensor:

@@ -284,7 +284,7 @@ def more() -> list[str]:
             SIGNATURES[::3]]
     out += [f"Write a Python function `{sig}` that {task}, and show one example call." for sig, task in
             SIGNATURES[1::3]]
-    out += [f"Write a {lang} function `{sig if lang == 'Rust' else _camel(sig)}` that {task}." for (sig, task), lang in
+    out += [f"Write a {lang} function `{_named(sig, lang)}` that {task}." for (sig, task), lang in
             zip(SIGNATURES, itertools.cycle(OTHER_LANGS))]
     out += [f"Return a JSON object for {t} with the fields {f}." for t, f in FIELDS]
     out += [f"Give a JSON object describing {t} with {f}." for t, f in FIELDS[::2]]
@@ -292,6 +292,11 @@ def more() -> list[str]:
     out += [f"Give a JSON array of {n} {p}, each an object with {f} fields." for (p, f), n in
             zip(PLURAL_FIELDS, itertools.cycle(["two", "three", "four", "five"]))]
     return out
+
+
+def _named(sig: str, lang: str) -> str:
+    """A Python signature as `lang` names its functions: snake_case kept in Rust, camelCase elsewhere."""
+    return sig if lang == "Rust" else _camel(sig)
 
 
 def _camel(sig: str) -> str:
@@ -386,7 +391,7 @@ def third() -> list[str]:
     out = [f"Write a {lang} function that {task}." for lang, task in itertools.product(LANGS[6:], TASKS)]
     out += [f"Write a Python function `{sig}` that {task}." for sig, task in SIGNATURES_3]
     out += [f"Write a Python function `{sig}` that {task}. Include a docstring." for sig, task in SIGNATURES_3[::2]]
-    out += [f"Write a {lang} function `{sig if lang == 'Rust' else _camel(sig)}` that {task}." for (sig, task), lang in
+    out += [f"Write a {lang} function `{_named(sig, lang)}` that {task}." for (sig, task), lang in
             zip(SIGNATURES_3, itertools.cycle(OTHER_LANGS[::-1]))]
     out += [f"Write a Python function `{sig}` that {task}. Keep it short." for sig, task in SIGNATURES[2::3]]
     out += [f"Return a JSON object for {t} with the fields {f}." for t, f in FIELDS_3 + THINGS
