@@ -104,9 +104,12 @@ class TreePlan:
     Query rows are (node, query head of a key/value head), padded to a multiple of ROWS."""
     S: int
     Sk: int                           # keys scored: slots [0, Sk), every slot a node of the group sees
-    gather: torch.Tensor              # [R', S] long, the slot at each position of the row's node
-    see: torch.Tensor                 # [R', S] bool, the positions it attends to
-    inv: torch.Tensor | None          # [R', S] long, the position at each slot (S: unseen, a zero); None: all slow
+    base: int                         # the prefix [0, base), which every node sees: slot == position there
+    # the tree's own positions and slots past the prefix (w: its depth + 1; t: its nodes, at most S - base):
+    gather: torch.Tensor              # [R', w] long, the slot - base at each position - base (unseen: any)
+    bias: torch.Tensor                # [R', w] fp32, 0 at the positions it attends to, -inf elsewhere
+    inv: torch.Tensor | None          # [R', t] long, the position - base at each slot - base (unseen: w, a
+                                      # zero); None: all slow
     slow: torch.Tensor | None         # [m] nodes (index in the group) whose values are gathered instead
     slow_gather: torch.Tensor | None  # [m, S] long, their slot at each position
     rescore: bool = False             # the slow nodes' scores are taken again against their gathered keys
@@ -225,6 +228,7 @@ class Forward:
         self.inv_freq, self.rope_scale = inv_freq.float(), float(rope_scale)
         self.dtype, self.device = embed.dtype, embed.device
         self._cos = self._sin = torch.empty(0, head_dim, device=self.device)
+        self._plans: dict = {}   # a tree plan's parts by shape (a step's tree shape recurs): _tree_plan
         self._scale = torch.tensor([head_dim ** -0.5] * n_heads + [1.0] * n_kv, device=self.device)[:, None]
         # every product packed (the CPU): the one-row chain runs in _span_layers; its weights, layer by layer
         self._w = None
@@ -307,7 +311,7 @@ class Forward:
             n = max(len(q) for q in qs)
             idx = torch.tensor([q + [q[0]] * (n - len(q)) for q in qs], device=dev)         # [r, n] padded
             see = torch.arange(S, device=dev) <= pos[idx][..., None]                        # [r, n, S]
-            see = _pad_see(see[:, None].expand(-1, G, -1, -1).reshape(len(qs), 1, G * n, S))
+            bias = mask_bias(_pad_see(see[:, None].expand(-1, G, -1, -1).reshape(len(qs), 1, G * n, S)))
             rs = list(by_row)
             span = None        # one row, consecutive queries: slices instead of gathers
             if len(rs) == 1 and qs[0] == list(range(qs[0][0], qs[0][0] + n)):
@@ -315,10 +319,11 @@ class Forward:
             real = torch.tensor([j < len(q) for q in qs for j in range(n)], device=dev)
             # consecutive rows (usually the whole batch) are a view of the cache, not a gathered copy
             sel = slice(rs[0], rs[-1] + 1) if rs == list(range(rs[0], rs[-1] + 1)) else torch.tensor(rs, device=dev)
-            groups.append(("chain", S, sel, idx, real, see, span))
+            groups.append(("chain", S, sel, idx, real, bias, span))
         for (r, S), qs in trees.items():
             plan = self._tree_plan(S, base[r], [anc[i] for i in qs], pos[qs].tolist())
-            groups.append(("tree", S, r, torch.tensor(qs, device=dev), plan, None, None))
+            first = qs[0] if qs == list(range(qs[0], qs[0] + len(qs))) else -1   # consecutive: slices
+            groups.append(("tree", S, r, torch.tensor(qs, device=dev), plan, first, None))
         whole = len(groups) == 1 and groups[0][6] is not None and groups[0][6][1] == 0
         return groups, whole
 
@@ -328,12 +333,12 @@ class Forward:
         Hkv, G = self.n_kv, Hq // self.n_kv
         kc, vc = cache.k[l], cache.v[l]
         out = None if whole and n_real == N else q.new_zeros(N, Hq, D)
-        for kind, S, r, idx, aux, see, span in groups:   # aux: chains' real-query mask, trees' TreePlan
+        for kind, S, r, idx, aux, bias, span in groups:   # aux: chains' real-query mask, trees' TreePlan
             if kind == "chain" and span is not None:
                 row, a, n = span
                 k, v = kc[row, :, :S].float(), vc[row, :, :S].float()                        # [Hkv, S, D]
                 x = q[a:a + n].view(n, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G * n, D)
-                o = _attention(x, k[None], v[None], see)                                     # [1, Hkv, G n, D]
+                o = _attention(x, k[None], v[None], bias)                                    # [1, Hkv, G n, D]
                 o = o.view(Hkv, G, n, D).permute(2, 0, 1, 3).reshape(n, Hq, D)
                 if out is None:
                     return o.reshape(N, Hq * D)
@@ -342,7 +347,7 @@ class Forward:
                 R, n = idx.shape
                 k, v = kc[r, :, :S].float(), vc[r, :, :S].float()                           # [R, Hkv, S, D]
                 x = q[idx].view(R, n, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(R, Hkv, G * n, D)
-                o = _attention(x, k, v, see)                                                 # [R, Hkv, G n, D]
+                o = _attention(x, k, v, bias)                                                # [R, Hkv, G n, D]
                 o = o.view(R, Hkv, G, n, D).permute(0, 3, 1, 2, 4).reshape(R * n, Hq, D)
                 out[idx.view(-1)[aux]] = o[aux]
             else:
@@ -373,35 +378,47 @@ class Forward:
         and its ancestors' slots ancs[j] (itself last), which increase with position (tree order: a parent
         precedes its children). See _tree_attend for how the plan is used and why it is bitwise a chain's."""
         G, dev, n = self.n_heads // self.n_kv, self.device, len(ancs)
-        gather = torch.zeros(n, S, dtype=torch.long)      # [n, S] the slot at each position
-        inv = torch.full((n, S), S, dtype=torch.long)     # [n, S] the position at each slot (S: a zero)
-        pre, slow = torch.arange(base), []
         scores_ok, values_ok = in_place_ok(dev, self.n_kv, G, self.head_dim)
+        slow = []
         for j, a in enumerate(ancs):
             if a[0] < base or any(x >= y for x, y in zip(a, a[1:])):
                 raise ValueError("a tree node's ancestor slots must follow the prefix and increase with position")
-            gather[j, :base], gather[j, base:base + len(a)] = pre, torch.tensor(a)
             # p @ v in slot order equals position order iff no K-block of the product's sum separates a key's
             # slot from its position: the CPU GEMM (measured, MKL fp32) splits K only at multiples of
             # BLOCK in the upper half of K, and once at K / 2 for 192 < K < 384. Other devices: unmeasured
-            if values_ok and scores_ok and base >= S // 2 and a[-1] < S and \
-                    all(x // BLOCK == (base + i) // BLOCK for i, x in enumerate(a)):
-                inv[j, :base], inv[j, a] = pre, torch.arange(base, base + len(a))
-            else:
+            if not (values_ok and scores_ok and base >= S // 2 and a[-1] < S and
+                    all(x // BLOCK == (base + i) // BLOCK for i, x in enumerate(a))):
                 slow.append(j)
-        see = torch.arange(S) <= torch.tensor(P)[:, None]                                # [n, S]
-        R = n * G + (-n * G % ROWS)
-        rows = lambda t, fill: torch.cat([t.repeat_interleave(G, 0), t.new_full((R - n * G, S), fill)])
-        see = rows(see, False)
-        see[n * G:, 0] = True                     # padding rows see slot 0 only (no row may be all masked)
-        Sk = -(-max(a[-1] + 1 for a in ancs) // BLOCK) * BLOCK   # products of fewer than 12 columns sum otherwise
-        fast = rows(inv, S).to(dev) if len(slow) < n else None
-        return TreePlan(S, Sk, rows(gather, 0).to(dev), see.to(dev), fast,
-                        torch.tensor(slow, device=dev) if slow else None, gather[slow].to(dev) if slow else None,
+        rel = tuple(tuple(x - base for x in a) for a in ancs)
+        t = min(max(a[-1] for a in rel) + 1, S - base)       # the slots past the prefix p @ v reads in place
+        key = (rel, tuple(slow), t)
+        parts = self._plans.get(key)
+        if parts is None:
+            w = max(len(a) for a in rel)                        # positions past the prefix
+            R = n * G + (-n * G % ROWS)
+            rows = lambda x, fill: torch.cat([x.repeat_interleave(G, 0), x.new_full((R - n * G, x.shape[1]), fill)])
+            gather = torch.tensor([list(a) + [0] * (w - len(a)) for a in rel])           # [n, w]
+            see = rows(torch.arange(w) < torch.tensor([len(a) for a in rel])[:, None], False)
+            see[n * G:, 0] = True                 # padding rows see position 0 past the prefix (never all masked)
+            inv = [[w] * t for _ in rel]
+            for a, row in zip(rel, inv):
+                for i, x in enumerate(a):
+                    if x < t:
+                        row[x] = i
+            parts = (rows(gather, 0).to(dev), mask_bias(see.to(dev)),
+                     rows(torch.tensor(inv), w).to(dev) if len(slow) < n else None,
+                     torch.tensor(slow, device=dev) if slow else None)
+            if len(self._plans) >= 4096:
+                self._plans.clear()
+            self._plans[key] = parts
+        Sk = -(-(base + max(a[-1] for a in rel) + 1) // BLOCK) * BLOCK   # fewer than 12 columns sum otherwise
+        full = [list(range(base)) + list(ancs[j]) + [base] * (S - base - len(ancs[j])) for j in slow]  # [m, S]
+        return TreePlan(S, Sk, base, parts[0], parts[1], parts[2], parts[3],
+                        torch.tensor(full, device=dev) if slow else None,
                         not scores_ok)
 
     def _tree_attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, plan: "TreePlan") -> torch.Tensor:
-        return _tree_attention(q, kc, vc, self.n_kv, plan.S, plan.Sk, plan.gather, plan.see, plan.inv, plan.slow,
+        return _tree_attention(q, kc, vc, self.n_kv, plan.S, plan.Sk, plan.base, plan.gather, plan.bias, plan.inv, plan.slow,
                                plan.slow_gather, plan.rescore, ROWS)
 
     # -- the forward
@@ -442,8 +459,9 @@ class Forward:
             x = _span_layers(x, cos, sin, scale, [g[5] for g in ch], [g[6][1] for g in ch], [g[6][2] for g in ch],
                              [g[1] for g in ch], *self._w, cache.k, cache.v, r0, s0, N, Hq, Hkv, D, self.eps,
                              MAX_ROWS, [g[3] for g in groups if g[0] == "tree"], [t.S for t in tr],
-                             [t.Sk for t in tr], [t.gather for t in tr], [t.see for t in tr], [t.inv for t in tr],
-                             [t.slow for t in tr], [t.slow_gather for t in tr], [t.rescore for t in tr], ROWS)
+                             [t.Sk for t in tr], [t.base for t in tr], [t.gather for t in tr], [t.bias for t in tr], [t.inv for t in tr],
+                             [t.slow for t in tr], [t.slow_gather for t in tr], [t.rescore for t in tr],
+                             [g[5] for g in groups if g[0] == "tree"], ROWS)
         else:
             x = self._layers(x, N, cos, sin, scale, cache, groups, whole, one, rows_t, slots, r0, s0)
         h = self._rms(x[:N], self.norm) if self.norm is not None else x[:N]
@@ -515,10 +533,17 @@ def _pad_see(see: torch.Tensor) -> torch.Tensor:
     return torch.cat([see, pad], -2)
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T, masked) v over the last two dims, fp32: q [.., R, D] (pre-scaled), k, v [.., S, D],
-    see [.., R', S] bool with R' = R padded to a multiple of ROWS (_attention_rows)."""
-    return _attention_rows(q, k, v, see, ROWS)
+def mask_bias(see: torch.Tensor) -> torch.Tensor:
+    """A bool mask (True: attends) -> the additive fp32 bias attention takes: 0 there, -inf elsewhere. Adding 0
+    leaves a score's bits as they are, so this masks as masked_fill would, in one cheap op per layer instead of
+    two (a negation and a masked fill), and once per call instead of once per layer."""
+    return torch.zeros(see.shape, device=see.device).masked_fill_(~see, float("-inf"))
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T + bias) v over the last two dims, fp32: q [.., R, D] (pre-scaled), k, v [.., S, D],
+    bias [.., R', S] (mask_bias) with R' = R padded to a multiple of ROWS (_attention_rows)."""
+    return _attention_rows(q, k, v, bias, ROWS)
 
 
 @_script
@@ -548,17 +573,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 @_script
-def _attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, see: torch.Tensor, rows: int) -> torch.Tensor:
-    """softmax(q k^T, masked) v over the last two dims, fp32: q [.., R, D] (pre-scaled), k, v [.., S, D],
-    see [.., R', S] bool with R' = R padded to a multiple of rows."""
+def _attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, rows: int) -> torch.Tensor:
+    """softmax(q k^T + bias) v over the last two dims, fp32: q [.., R, D] (pre-scaled), k, v [.., S, D],
+    bias [.., R', S] (mask_bias) with R' = R padded to a multiple of rows."""
     R = q.shape[-2]
     s = _pad_to(q, rows) @ k.transpose(-1, -2)                                            # [.., R', S]
-    return (torch.softmax(s.masked_fill_(~see, float("-inf")), -1) @ v)[..., :R, :]
+    return (torch.softmax(s.add_(bias), -1) @ v)[..., :R, :]
 
 
 @_script
-def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: int, S: int, Sk: int,
-                    gather: torch.Tensor, see: torch.Tensor, inv: Optional[torch.Tensor],
+def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: int, S: int, Sk: int, base: int,
+                    gather: torch.Tensor, bias: torch.Tensor, inv: Optional[torch.Tensor],
                     slow: Optional[torch.Tensor], slow_gather: Optional[torch.Tensor], rescore: bool,
                     rows: int) -> torch.Tensor:
     """q [n, Hq, D] (one row's tree nodes of one key length, roped and pre-scaled), kc, vc [Hkv, C, D]
@@ -571,15 +596,24 @@ def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: in
     reads the values in place: p is put back in slot order, zeros elsewhere, and multiplied by the cache's
     first S value slots, a chain's product of K = S; each node's non-zero terms meet the sum in position
     order, and zero terms add nothing. Nodes for which a K-block of the product would separate a key's
-    slot from its position (a tree straddling a BLOCK boundary) gather their values instead."""
+    slot from its position (a tree straddling a BLOCK boundary) gather their values instead. Slot and position
+    are the same over the prefix [0, base) every node sees, so only the tree's own entries past it move and
+    take a mask (TreePlan's gather, bias, inv): small gathers into place, not gathers over every key."""
     n, Hq, D = q.shape
     G = Hq // Hkv
     x = _pad_to(q.view(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D), rows)          # [Hkv, R', D]
     s = x @ kc[:, :Sk].float().transpose(-1, -2)                                   # [Hkv, R', Sk] slots
-    s = s.gather(-1, gather.expand(Hkv, -1, -1))                                   # [Hkv, R', S] positions
-    p = torch.softmax(s.masked_fill_(~see, float("-inf")), -1)
+    w = gather.shape[-1]
+    tail = s[..., base:].gather(-1, gather.expand(Hkv, -1, -1)).add_(bias)  # [Hkv, R', w] positions, masked
+    s = s[..., :S] if Sk == S else s[..., :S].contiguous()
+    s[..., base:base + w] = tail
+    s[..., base + w:].fill_(float("-inf"))                                  # past every node's position
+    p = torch.softmax(s, -1)                                                # [Hkv, R', S] positions
     if inv is not None:
-        ps = torch.nn.functional.pad(p, [0, 1]).gather(-1, inv.expand(Hkv, -1, -1))     # [Hkv, R', S] slots
+        # back in slot order: the tree's p moved to its slots, zeros at the slots a node does not see
+        tail = torch.nn.functional.pad(p[..., base:base + w], [0, 1]).gather(-1, inv.expand(Hkv, -1, -1))
+        ps = p if slow is None else p.clone()                               # the slow nodes read p below
+        ps[..., base:base + inv.shape[-1]] = tail                           # [Hkv, R', S] slots
         o = (ps @ vc[:, :S].float())[:, :n * G].view(Hkv, n, G, D)
     else:
         o = q.new_empty(Hkv, n, G, D)
@@ -590,9 +624,12 @@ def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: in
         if rescore:   # this device's slot-order scores are not a chain's (in_place_ok): as a chain
             k = kc[:, slow_gather].float()                                          # [Hkv, m, S, D]
             qm = q.view(n, Hkv, G, D).transpose(0, 1)[:, slow]                      # [Hkv, m, G, D]
-            see = see[:n * G].view(n, G, S)[slow]                              # [m, G, S]
+            b = torch.zeros(n * G, S, device=q.device)      # [n G, S]: the prefix seen, the tree's part masked
+            b[:, base:base + w] = bias[:n * G]
+            b[:, base + w:] = float("-inf")
+            b = b.view(n, G, S)[slow]                                               # [m, G, S]
             sm = (_pad_to(qm, rows) @ k.transpose(-1, -2))[..., :G, :]
-            pm = torch.softmax(sm.masked_fill_(~see, float("-inf")), -1)
+            pm = torch.softmax(sm + b, -1)
         o[:, slow] = (_pad_to(pm, rows) @ v)[..., :G, :]
     return o.transpose(0, 1).reshape(n, Hq, D)
 
@@ -623,18 +660,19 @@ def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], packed: 
 
 @_script
 def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: torch.Tensor,
-                 sees: List[torch.Tensor], starts: List[int], counts: List[int], key_lens: List[int],
+                 biases: List[torch.Tensor], starts: List[int], counts: List[int], key_lens: List[int],
                  ln1: List[torch.Tensor], qkv_w: List[torch.Tensor], qkv_b: List[Optional[torch.Tensor]],
                  o_w: List[torch.Tensor], o_b: List[Optional[torch.Tensor]], ln2: List[torch.Tensor],
                  gu_w: List[torch.Tensor], down_w: List[torch.Tensor], ks: List[torch.Tensor],
                  vs: List[torch.Tensor], row: int, s0: int, N: int, Hq: int, Hkv: int, D: int, eps: float,
-                 max_rows: int, t_idx: List[torch.Tensor], t_S: List[int], t_Sk: List[int],
-                 t_gather: List[torch.Tensor], t_see: List[torch.Tensor], t_inv: List[Optional[torch.Tensor]],
+                 max_rows: int, t_idx: List[torch.Tensor], t_S: List[int], t_Sk: List[int], t_base: List[int],
+                 t_gather: List[torch.Tensor], t_bias: List[torch.Tensor], t_inv: List[Optional[torch.Tensor]],
                  t_slow: List[Optional[torch.Tensor]], t_slow_gather: List[Optional[torch.Tensor]],
-                 t_rescore: List[bool], rows: int) -> torch.Tensor:
+                 t_rescore: List[bool], t_first: List[int], rows: int) -> torch.Tensor:
     """Forward._layers for one row whose N tokens take consecutive slots from s0: chain groups, each a span of
     queries [start, start + count) over key_lens slots (slot == position), and tree groups (t_*: a TreePlan's
-    fields, the nodes t_idx), the same ops in the same order (so the same bits), with no Python between them.
+    fields, the nodes t_idx, consecutive from t_first or -1), the same ops in the same order (so the same bits),
+    with no Python between them.
     x [Np, H] embedded, padded to a multiple of ROWS."""
     Np = x.shape[0]
     G = Hq // Hkv
@@ -650,17 +688,21 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
             a, n, S = starts[j], counts[j], key_lens[j]
             k, v = ks[l][row, :, :S].float(), vs[l][row, :, :S].float()                 # [Hkv, S, D]
             q = qk[a:a + n, :Hq].view(n, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G * n, D)
-            o = _attention_rows(q, k[None], v[None], sees[j], rows)                     # [1, Hkv, G n, D]
+            o = _attention_rows(q, k[None], v[None], biases[j], rows)                     # [1, Hkv, G n, D]
             o = o.view(Hkv, G, n, D).permute(2, 0, 1, 3).reshape(n, Hq, D)
             if out.dim() == 1:
                 out = o
             else:
                 out[a:a + n] = o
         for j in range(len(t_idx)):
-            o = _tree_attention(qk[t_idx[j], :Hq], ks[l][row], vs[l][row], Hkv, t_S[j], t_Sk[j], t_gather[j],
-                                t_see[j], t_inv[j], t_slow[j], t_slow_gather[j], t_rescore[j], rows)
+            a, n = t_first[j], t_idx[j].shape[0]        # a >= 0: the nodes are queries a .. a + n - 1 (slices)
+            o = _tree_attention(qk[a:a + n, :Hq] if a >= 0 else qk[t_idx[j], :Hq], ks[l][row], vs[l][row], Hkv,
+                                t_S[j], t_Sk[j], t_base[j], t_gather[j], t_bias[j], t_inv[j], t_slow[j], t_slow_gather[j],
+                                t_rescore[j], rows)
             if out.dim() == 1:
                 out = o
+            elif a >= 0:
+                out[a:a + n] = o
             else:
                 out[t_idx[j]] = o
         att = out.reshape(Np, Hq * D).to(x.dtype)

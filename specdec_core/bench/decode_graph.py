@@ -55,7 +55,7 @@ class StaticStep:
         G, R = Hq // Hkv, self.ids.numel()
         cos, sin = self.cos[self.pos][:, None], self.sin[self.pos][:, None]               # [R, 1, D]
         see = torch.arange(S, device=f.device) <= self.pos[:1].view(1, 1, 1)             # [1, 1, S]
-        see = fw._pad_see(see[:, None].expand(-1, G, -1, -1).reshape(1, 1, G, S))        # [1, 1, G', S]
+        see = fw.mask_bias(fw._pad_see(see[:, None].expand(-1, G, -1, -1).reshape(1, 1, G, S)))   # [1, 1, G', S]
         slot = self.pos[:1]                                                               # [1]
         x = f.embed[self.ids]                                                             # [R, H]
         for l, b in enumerate(f.blocks):
