@@ -418,8 +418,8 @@ class Forward:
                         not scores_ok)
 
     def _tree_attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, plan: "TreePlan") -> torch.Tensor:
-        return _tree_attention(q, kc, vc, self.n_kv, plan.S, plan.Sk, plan.base, plan.gather, plan.bias, plan.inv, plan.slow,
-                               plan.slow_gather, plan.rescore, ROWS)
+        return _tree_attention(q, kc, vc, self.n_kv, plan.S, plan.Sk, plan.base, plan.gather, plan.bias, plan.inv,
+                               plan.slow, plan.slow_gather, plan.rescore, ROWS)
 
     # -- the forward
 
@@ -459,7 +459,8 @@ class Forward:
             x = _span_layers(x, cos, sin, scale, [g[5] for g in ch], [g[6][1] for g in ch], [g[6][2] for g in ch],
                              [g[1] for g in ch], *self._w, cache.k, cache.v, r0, s0, N, Hq, Hkv, D, self.eps,
                              MAX_ROWS, [g[3] for g in groups if g[0] == "tree"], [t.S for t in tr],
-                             [t.Sk for t in tr], [t.base for t in tr], [t.gather for t in tr], [t.bias for t in tr], [t.inv for t in tr],
+                             [t.Sk for t in tr], [t.base for t in tr], [t.gather for t in tr], [t.bias for t in tr],
+                             [t.inv for t in tr],
                              [t.slow for t in tr], [t.slow_gather for t in tr], [t.rescore for t in tr],
                              [g[5] for g in groups if g[0] == "tree"], ROWS)
         else:
@@ -697,8 +698,8 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
         for j in range(len(t_idx)):
             a, n = t_first[j], t_idx[j].shape[0]        # a >= 0: the nodes are queries a .. a + n - 1 (slices)
             o = _tree_attention(qk[a:a + n, :Hq] if a >= 0 else qk[t_idx[j], :Hq], ks[l][row], vs[l][row], Hkv,
-                                t_S[j], t_Sk[j], t_base[j], t_gather[j], t_bias[j], t_inv[j], t_slow[j], t_slow_gather[j],
-                                t_rescore[j], rows)
+                                t_S[j], t_Sk[j], t_base[j], t_gather[j], t_bias[j], t_inv[j], t_slow[j],
+                                t_slow_gather[j], t_rescore[j], rows)
             if out.dim() == 1:
                 out = o
             elif a >= 0:

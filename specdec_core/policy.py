@@ -10,7 +10,8 @@ Leviathan et al. (2023, sec. 3.5) pick one k from the acceptance rate and the dr
   batch       - k by batch size (vLLM's per-batch-size setting): the fuller the batch, the less spare compute a
                 verification can use, so k shrinks and drafting stops past a size (batch.py)
 A tree's size has its own rule, `tree_budget` (EAGLE's sized trees): as many nodes as pay for the rows they add;
-and its depth, `deeper_pays`: a draft level is run only while the nodes it can add may pay for its time.
+its depth, `deeper_pays`: a draft level is run only while the nodes it can add may pay for its time; and a copied
+continuation grafted onto it, `copy_budget`: as many of its nodes as pay for their rows.
 Every policy decides from the draft's own information and the verdicts of earlier steps only, never from the
 target's distribution at the positions being drafted, so the exact rule is untouched.
 """
@@ -92,3 +93,28 @@ def deeper_pays(best_p: float, topk: int, level_ms: float, tokens_per_ms: float 
     cumulative draft probability). The level costs `level_ms`, which at the steps' measured rate buys
     level_ms * tokens_per_ms tokens. Without a rate yet: yes."""
     return tokens_per_ms is None or topk * best_p >= level_ms * tokens_per_ms
+
+
+def copy_budget(a: float, shared: int, new: int, rows: int, block: int, costs: list[float],
+                tokens_per_ms: float | None) -> int:
+    """How many of a copied continuation's `new` nodes to add to a tree of `rows` rows that already holds its first
+    `shared` tokens. Each copied token is right with chance `a` given the one before it (the copies' measured
+    rate), so the j-th new node adds at most a^(shared + j) expected tokens. Nodes that fit the rows' last block
+    cost nothing; a block past it costs its measured ms (costs, as tree_budget's), worth ms * tokens_per_ms
+    tokens. -> the count with the most expected tokens net of that cost. Without a cost table (trees of a fixed
+    size, transformers' forward): all of them, as the drafted nodes are; before a rate is measured: the free rows."""
+    if not costs:
+        return new
+    free = min(new, -rows % block)
+    if tokens_per_ms is None or -(-rows // block) > len(costs):
+        return free
+    blocks = lambda n: -(-n // block)                                         # noqa: E731
+    best, pick, e = 0.0, 0, 0.0
+    for j in range(1, new + 1):
+        if blocks(rows + j) > len(costs):
+            break
+        e += a ** (shared + j)
+        net = e - (costs[blocks(rows + j) - 1] - costs[blocks(rows) - 1]) * tokens_per_ms
+        if net > best:
+            best, pick = net, j
+    return max(pick, free)

@@ -113,6 +113,25 @@ def compile_tree(paths) -> Tree:
     return Tree(tuple(order), depth, parent, rank, mask, tuple(tuple(c) for c in kids))
 
 
+def graft(nodes: dict[tuple[int, ...], int], chain: list[int]) -> list[tuple[int, ...]]:
+    """Hang a chain of tokens (a continuation of the root) on a tree given as {rank path: token}, in place:
+    follow the nodes that already hold the chain's tokens, then add the rest, each the next free rank among
+    its siblings (SpecInfer's merged token trees). -> the added paths, in chain order: each the parent of the
+    next, so any prefix of them keeps the tree prefix-closed."""
+    kids: dict[tuple[int, ...], dict[int, tuple[int, ...]]] = {}
+    for p, t in nodes.items():
+        kids.setdefault(p[:-1], {})[t] = p
+    at, added = (), []
+    for t in chain:
+        sib = kids.setdefault(at, {})
+        if t not in sib:
+            sib[t] = at + (max((q[-1] for q in sib.values()), default=-1) + 1,)
+            nodes[sib[t]] = t
+            added.append(sib[t])
+        at = sib[t]
+    return added
+
+
 def chain_tree(k: int) -> Tree:
     """A plain chain of k top-1 candidates: (0,), (0, 0), ..."""
     return compile_tree([(0,) * d for d in range(1, k + 1)])

@@ -201,6 +201,34 @@ def test_greedy_equals_plain_decoding(bundled, one_thread):
     assert total / 3 > 1.5                             # trained: well above one token per target forward
 
 
+def test_a_copied_continuation_is_grafted_onto_the_tree_and_stays_exact(one_thread):
+    """Prompt lookup's continuation (a repeated 2-gram's earlier follow-up) hangs on the head's tree where its
+    guesses leave it: the chain's tokens are a branch from the root, the copied nodes carry no draft probability;
+    copy=False leaves the head's tree alone; decoding stays plain decoding's and the copies' rate is counted."""
+    tgt = tiny_lm(1, layers=1)
+    prompt = [5, 6, 7, 8, 9, 5, 6]
+    _, h = tgt.forward(torch.tensor(prompt[:-1]), tgt.new_cache(), last_only=True, hidden=True)
+    props = {}
+    for copy in (True, False):
+        d = Eagle(tgt, _random_head(tgt), manifest={}, depth=2, topk=2, nodes=4, copy=copy)
+        d.begin(prompt)
+        d.observe(h, len(prompt) - 1)
+        props[copy] = d.propose(_ctx(prompt, 4))
+    on, off = props[True], props[False]
+    tok = dict(zip(on.tree.paths, on.tokens.tolist()))
+    at = ()
+    for t in (7, 8, 9, 5):                                  # the copy, k = 4 tokens, is a branch from the root
+        at = next(p for p in on.tree.paths if p[:-1] == at and tok[p] == t)
+    assert on.info["copied"] >= 2 and sum(c is None for c in on.conf) == on.info["copied"]
+    assert off.info["copied"] == 0 and None not in off.conf and off.tree.size <= 5
+    d = Eagle(tgt, _random_head(tgt), manifest={}, depth=3, topk=2, nodes=6)
+    for ids in ([5, 6, 7, 8, 9, 5, 6], [3, 4, 3, 4, 3]):
+        base, _, _ = engine.run(tgt, make("none", tgt), ids, max_new_tokens=24, detail=False)
+        got, recs, _ = engine.run(tgt, d, ids, k=4, max_new_tokens=24, detail=True, stop_at_eos=False)
+        assert got[:len(base)] == base
+    assert d.tries > 2                                      # feedback counted the copies the target checked
+
+
 def test_unavailable_for_other_targets():
     tgt = tiny_lm(1, layers=1, name="tiny")
     with pytest.raises(DrafterUnavailable, match="drafter 'eagle' has no trained weights for 'tiny'"):
@@ -307,7 +335,8 @@ def test_sized_trees_stay_exact(one_thread):
     fixed = Eagle(tiny_lm(1, layers=1), _random_head(tiny_lm(1, layers=1), 2), manifest={}, nodes=15, sized=True)
     assert fixed.costs == [] and fixed.block == 1
     tgt = tiny_lm(1, layers=1, forward="ours")
-    d = Eagle(tgt, _random_head(tgt, 2), manifest={}, depth=4, topk=3, nodes=15, sized=True)
+    d = Eagle(tgt, _random_head(tgt, 2), manifest={}, depth=4, topk=3, nodes=15, sized=True,
+              copy=False)                                   # the sizing alone (copies: the test above)
     assert len(d.costs) == 4 and all(ms > 0 for ms in d.costs) and d.block == tgt.backend.row_block == 4
     d.costs, d.draft_ms = [10.0, 11.0, 30.0, 40.0], 1.0     # pinned: the sizes must not depend on this machine
     sizes = set()

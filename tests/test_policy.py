@@ -107,3 +107,16 @@ def test_lookup_copies_from_the_earliest_match_of_the_longest_tail():
     # tail (1, 2, 3, 4) occurs once: the longer match decides, though (2, 3, 4) occurs earlier elsewhere
     seq = [2, 3, 4, 7, 1, 2, 3, 4, 5, 6]
     assert d.propose(ctx(seq + [1, 2, 3, 4], 2)).tokens.tolist() == [5, 6]
+
+
+def test_a_copied_continuation_takes_the_nodes_that_pay_for_their_rows():
+    """copy_budget: the rows left in the tree's last block are free; a block more is bought only when the copies'
+    rate makes its nodes worth its measured ms at the steps' rate; no cost table: every node, as fixed trees do."""
+    from specdec_core.policy import copy_budget
+    costs = [10.0, 11.0, 12.0, 13.0]                               # a block more costs 1 ms
+    assert copy_budget(0.9, 0, 5, 8, 4, [], None) == 5             # no cost table: all five
+    assert copy_budget(0.9, 0, 5, 6, 4, costs, None) == 2          # no rate yet: the two free rows of 6 -> 8
+    assert copy_budget(0.9, 0, 5, 6, 4, costs, 0.1) == 5           # sure copies, 0.1 token a ms: worth a block
+    assert copy_budget(0.2, 0, 5, 6, 4, costs, 0.1) == 2           # unsure: 0.2^3 + ... < 0.1, only the free
+    assert copy_budget(0.9, 2, 5, 8, 4, costs, 10.0) == 0          # a dear block, no free row: none
+    assert copy_budget(0.9, 0, 9, 14, 4, costs, 0.01) == 2         # never past the cost table (16 rows)

@@ -12,7 +12,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdec_core import verify_tree as vt
-from specdec_core.tree import TreeError, best_tree, chain_tree, compile_tree
+from specdec_core.tree import TreeError, best_tree, chain_tree, compile_tree, graft
 from specdec_core.verify_tree import verify_tree
 
 SMALL = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
@@ -58,6 +58,20 @@ def test_compile_rejects_bad_trees(paths, msg):
 def test_tokens_needs_enough_candidates():
     with pytest.raises(TreeError, match="needs 3 positions x 2 candidates"):
         compile_tree(SMALL).tokens(0, torch.zeros(2, 2, dtype=torch.long))
+
+
+def test_graft_follows_the_nodes_that_hold_a_chain_then_hangs_the_rest():
+    """A copied continuation grafted onto a tree: it walks the nodes that already hold its tokens and adds the
+    rest as a chain under the last of them, each the next free rank; the result compiles (prefix-closed)."""
+    nodes = {(0,): 7, (1,): 9, (0, 0): 8, (0, 1): 4}
+    added = graft(nodes, [7, 4, 5, 6])
+    assert added == [(0, 1, 0), (0, 1, 0, 0)] and nodes[(0, 1, 0)] == 5 and nodes[(0, 1, 0, 0)] == 6
+    assert graft(nodes, [3]) == [(2,)] and nodes[(2,)] == 3            # a new first token: the next root rank
+    assert graft(nodes, [7, 8]) == []                                   # already there: nothing added
+    tree = compile_tree(sorted(nodes, key=lambda p: (len(p), p)))
+    assert tree.size == len(nodes) + 1
+    del nodes[added[-1]]                                                # a prefix of the added keeps it closed
+    compile_tree(list(nodes))
 
 
 def test_best_tree_is_prefix_closed_and_greedy():

@@ -40,11 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..policy import deeper_pays, tree_budget
-from ..tree import compile_tree
+from ..policy import copy_budget, deeper_pays, tree_budget
+from ..tree import compile_tree, graft
 from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
                weights_for)
 from .eagle_packed import PackedHead, grown
+from .lookup import PromptLookup
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "eagle.safetensors"
@@ -149,7 +150,8 @@ class Eagle(Drafter):
     reads_hidden = entry(name).reads_hidden   # the engine hands over the target's hidden state (observe)
 
     def __init__(self, target, head: Head | None = None, manifest: dict | None = None, depth: int | None = None,
-                 topk: int | None = None, nodes: int | None = None, sized: bool | None = None, int8: bool = True):
+                 topk: int | None = None, nodes: int | None = None, sized: bool | None = None, int8: bool = True,
+                 copy: bool = True):
         if head is None:
             if not weights_for(self.name, target):
                 raise untrained(self.name, target)
@@ -176,6 +178,8 @@ class Eagle(Drafter):
                                max_pos=512, int8=int8)
         self.ids = head.vocab.ids.to(target.device) if head.vocab is not None else None
         self._trees: dict[tuple, object] = {}    # compiled tree per shape (rank paths)
+        # a copied continuation (prompt lookup, a match of 2+ tokens) grafted onto each tree where it pays
+        self.copy = PromptLookup(min_ngram=2) if copy else None
         self.begin([])
         self.costs = target.backend.block_ms() if self.sized else []   # measured once per target forward
         self.block = target.backend.row_block
@@ -190,6 +194,8 @@ class Eagle(Drafter):
         self.f_from = self.f_len = 0             # feat holds positions f_from .. f_len - 1
         self.done = 0                            # the sequence's rows up to position done are in kv
         self._last = None                        # (n, estimated step ms) of the last proposal (sized trees)
+        self.hits, self.tries = 1.0, 2.0         # copied tokens the target agreed with / checked (prior: 1 in 2)
+        self._copied = None                      # (len(tokens), the continuation) of the last proposal
 
     def observe(self, h: torch.Tensor, n: int) -> None:
         """h [j, H] (or [H]): the target's features at positions n - j .. n - 1."""
@@ -254,10 +260,10 @@ class Eagle(Drafter):
         rank = list(range(K)) * (len(tok) // K)
         order = torch.sort(sc, descending=True, stable=True).indices.tolist()
         draft_ms = 1e3 * (time.perf_counter() - t0) if self.draft_ms is None else self.draft_ms
-        budget = self._budget(score, order, draft_ms)
-        if self.sized and self.costs:   # this step's ms: the draft and the score pass of its rows (root + budget)
-            self._last = (n, draft_ms + self.costs[min(len(self.costs), -(-(budget + 1) // self.block)) - 1])
-        return self._tree(parent, rank, tok, score, order, budget)
+        prop = self._tree(parent, rank, tok, score, order, self._budget(score, order, draft_ms), ctx)
+        if self.sized and self.costs:   # this step's ms: the draft and the score pass of its rows (the tree's)
+            self._last = (n, draft_ms + self.costs[min(len(self.costs), -(-prop.tree.size // self.block)) - 1])
+        return prop
 
     def _measure(self, n: int) -> None:
         """Sized: the tokens the last step committed (n moved by them) over its estimated ms, smoothed."""
@@ -272,8 +278,9 @@ class Eagle(Drafter):
         p = [math.exp(score[i]) for i in order[:self.nodes]]
         return tree_budget(p, self.nodes, self.block, self.costs, draft_ms)
 
-    def _tree(self, parent, rank, tok, score, order, budget) -> Proposal:
-        """Keep the `budget` likeliest drafted nodes (prefix-closed), as rank paths and tokens in tree order."""
+    def _tree(self, parent, rank, tok, score, order, budget, ctx: DraftContext) -> Proposal:
+        """Keep the `budget` likeliest drafted nodes (prefix-closed), plus what pays of a copied continuation, as
+        rank paths and tokens in tree order."""
         keep, path = set(), {}
         for i in order:
             if len(keep) == budget:
@@ -283,17 +290,49 @@ class Eagle(Drafter):
                 continue
             keep.add(i)
             path[i] = (path[p] if p >= 0 else ()) + (rank[i],)
-        key = tuple(sorted(path.values(), key=lambda p: (len(p), p)))
+        nodes = {path[i]: tok[i] for i in keep}
+        # the head's probability of each node's token given its parent: its cumulative one over the parent's
+        conf = {path[i]: math.exp(score[i] - (score[parent[i]] if parent[i] >= 0 else 0.0)) for i in keep}
+        copied = self._graft(nodes, ctx)
+        key = tuple(sorted(nodes, key=lambda p: (len(p), p)))
         tree = self._trees.get(key)
         if tree is None:                      # a step's tree shape recurs often: compile each shape once
             if len(self._trees) >= 4096:
                 self._trees.clear()
             tree = self._trees[key] = compile_tree(key)
-        by_path = {path[i]: i for i in keep}
-        nodes = torch.tensor([tok[by_path[p]] for p in tree.paths], dtype=torch.long)
-        # the head's probability of each node's token given its parent: its cumulative one over the parent's
-        conf = [math.exp(score[i] - (score[parent[i]] if parent[i] >= 0 else 0.0))
-                for i in (by_path[p] for p in tree.paths)]
-        return Proposal(nodes, tree=tree, conf=conf,
-                        info={"nodes": len(keep), "depth": tree.max_depth,
+        return Proposal(torch.tensor([nodes[p] for p in tree.paths], dtype=torch.long), tree=tree,
+                        conf=[conf.get(p) for p in tree.paths],
+                        info={"nodes": len(nodes), "depth": tree.max_depth, "copied": copied,
                               "draft_p": round(math.exp(max(score[i] for i in keep)), 4)})
+
+    def _graft(self, nodes: dict, ctx: DraftContext) -> int:
+        """Prompt lookup's continuation of the context (at most ctx.k tokens), grafted onto the drafted tree where
+        the head's guesses leave it: a copy of what the prompt or the answer said before, which a small head
+        often misses (a name repeated, a key copied). As many of its new nodes as pay (policy.copy_budget, at
+        the copies' measured rate); they verify like any deterministic candidate, so the law is unchanged.
+        -> the nodes added."""
+        self._copied = None
+        if self.copy is None:
+            return 0
+        chain = self.copy.propose(ctx).tokens.tolist()
+        if not chain:
+            return 0
+        self._copied = (len(ctx.tokens), chain)
+        rows = len(nodes) + 1
+        added = graft(nodes, chain)
+        j = copy_budget(self.hits / self.tries, len(chain) - len(added), len(added), rows, self.block,
+                        self.costs, self.rate)
+        for p in added[j:]:
+            del nodes[p]
+        return j
+
+    def feedback(self, ctx: DraftContext, n_accepted: int) -> None:
+        """The copies' rate: how many of the copied tokens the target agreed with, up to the first it did not."""
+        if self._copied is None:
+            return
+        n, chain = self._copied
+        new = ctx.tokens[n:]
+        hit = next((i for i, (a, b) in enumerate(zip(chain, new)) if a != b), min(len(chain), len(new)))
+        self.hits += hit
+        self.tries += hit + (hit < min(len(chain), len(new)))
+        self._copied = None
