@@ -75,7 +75,8 @@ COLOR = {"drafted": PURPLE, "accepted": GREEN, "rejected": RED, "pruned": FADED,
 
 
 def _hover(n: TreeNode) -> str:
-    conf = f"drafter's own probability {n.conf:.3f}" if n.conf is not None else "the drafter has no probability"
+    conf = (f"drafter's own probability {n.conf:.3f}" if n.conf is not None
+            else "no draft probability (copied from the context, or a drafter without one)")
     head = f"node {n.index} “{glyphs(n.piece)}” · depth {n.depth}, choice #{n.rank + 1} of its parent · {conf}"
     if n.trial is None:
         return head + "<br>not tried"

@@ -391,7 +391,7 @@ class Forward:
                 slow.append(j)
         rel = tuple(tuple(x - base for x in a) for a in ancs)
         t = min(max(a[-1] for a in rel) + 1, S - base)       # the slots past the prefix p @ v reads in place
-        key = (rel, tuple(slow), t)
+        key = (rel, tuple(slow), t, ROWS)          # ROWS: the GPU check varies it
         parts = self._plans.get(key)
         if parts is None:
             w = max(len(a) for a in rel)                        # positions past the prefix
