@@ -50,6 +50,10 @@ def tree_caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
     view, src = rec.tree, DESCRIPTIONS.get(rec.drafter, rec.drafter)
     if f.phase == DRAFT:
         conf = CONF.get(rec.drafter)
+        copied = sum(n.conf is None for n in view.nodes[1:]) if conf else 0
+        if copied:
+            conf += (f"; the {count(copied, 'node')} without one {'was' if copied == 1 else 'were'} copied from the "
+                     "context (prompt lookup's continuation, grafted onto the tree where it pays)")
         return (f"<b>Draft a tree.</b> The drafter ({src}) proposes <b>{count(view.drafted, 'candidate')}</b> over "
                 f"{count(view.depth, 'position')}: position {f.shown} of {view.depth} shown. Siblings are "
                 "alternatives for "
