@@ -165,22 +165,30 @@ def test_the_heads_cache_follows_the_committed_sequence(one_thread):
         assert again.tree.paths == prop.tree.paths and torch.equal(again.tokens, prop.tokens), tokens
 
 
+RUNS = 2500
+
+
+def _first_two(tgt, d, prompt, k, first_step) -> tuple[np.ndarray, int]:
+    """RUNS sampled runs of 3 tokens at T = 1 (the first step's tree decides the first two) -> counts [V, V] of the
+    first two tokens, and how many first steps' records satisfy `first_step`."""
+    counts, hits = np.zeros((V, V), dtype=np.int64), 0
+    for seed in range(RUNS):
+        ids, recs, _ = engine.run(tgt, d, prompt, sp=SamplingParams(seed=seed, temperature=1.0), k=k,
+                                  max_new_tokens=3, detail=False, stop_at_eos=False)
+        counts[ids[0], ids[1]] += 1
+        hits += bool(first_step(recs[0]))
+    return counts, hits
+
+
 def test_sampled_eagle_trees_have_the_target_law(one_thread):
     """Dynamic trees from a random head, verified with the multi-candidate rule: the first two tokens follow the
     target's exact joint law (chi-square at 2,500 runs)."""
     tgt = tiny_lm(1, layers=1)
     d = Eagle(tgt, _random_head(tgt, 1), manifest={}, depth=3, topk=3, nodes=8)
     prompt = [1, 2, 3]
-    law = exact_joint(tgt, prompt, 2, temperature=1.0).numpy()
-    counts = np.zeros((V, V), dtype=np.int64)
-    branching = 0
-    for seed in range(2500):
-        ids, recs, _ = engine.run(tgt, d, prompt, sp=SamplingParams(seed=seed, temperature=1.0), k=3,
-                                  max_new_tokens=3, detail=False, stop_at_eos=False)
-        counts[ids[0], ids[1]] += 1                     # the first step's tree decides both (3 tokens: k = 2)
-        branching += recs[0].tree.depth == 2 and recs[0].tree.drafted == 8
-    assert branching == 2500                           # every first step verified a full, two-level tree
-    assert gof(counts, law) > ALPHA
+    counts, full = _first_two(tgt, d, prompt, 3, lambda r: r.tree.depth == 2 and r.tree.drafted == 8)
+    assert full == RUNS                                 # every first step verified a full, two-level tree
+    assert gof(counts, exact_joint(tgt, prompt, 2, temperature=1.0).numpy()) > ALPHA
 
 
 def test_sampled_trees_with_copied_nodes_have_the_target_law(one_thread):
@@ -190,16 +198,9 @@ def test_sampled_trees_with_copied_nodes_have_the_target_law(one_thread):
     tgt = tiny_lm(1, layers=1)
     d = Eagle(tgt, _random_head(tgt, 1), manifest={}, depth=3, topk=2, nodes=4)
     prompt = [1, 2, 3, 1, 2]                            # lookup continues [1, 2] with what followed it: 3, 1
-    law = exact_joint(tgt, prompt, 2, temperature=1.0).numpy()
-    counts = np.zeros((V, V), dtype=np.int64)
-    copied = 0
-    for seed in range(2500):
-        ids, recs, _ = engine.run(tgt, d, prompt, sp=SamplingParams(seed=seed, temperature=1.0), k=2,
-                                  max_new_tokens=3, detail=False, stop_at_eos=False)
-        counts[ids[0], ids[1]] += 1                     # the first step's tree decides both (3 tokens: k = 2)
-        copied += recs[0].info.get("copied", 0) > 0
-    assert copied == 2500
-    assert gof(counts, law) > ALPHA
+    counts, copied = _first_two(tgt, d, prompt, 2, lambda r: r.info.get("copied", 0) > 0)
+    assert copied == RUNS
+    assert gof(counts, exact_joint(tgt, prompt, 2, temperature=1.0).numpy()) > ALPHA
 
 
 def test_greedy_equals_plain_decoding(bundled, one_thread):
