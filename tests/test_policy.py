@@ -120,3 +120,32 @@ def test_a_copied_continuation_takes_the_nodes_that_pay_for_their_rows():
     assert copy_budget(0.2, 0, 5, 6, 4, costs, 0.1) == 2           # unsure: 0.2^3 + ... < 0.1, only the free
     assert copy_budget(0.9, 2, 5, 8, 4, costs, 10.0) == 0          # a dear block, no free row: none
     assert copy_budget(0.9, 0, 9, 14, 4, costs, 0.01) == 2         # never past the cost table (16 rows)
+
+
+def test_lookup_index_finds_what_a_scan_finds():
+    """PromptLookup indexes the context's n-grams as it grows (a proposal costs the same at any length): on random
+    growing token streams, with a fresh sequence now and then, it proposes exactly what scanning the whole context
+    for the earliest match of the longest tail proposes."""
+    import random
+
+    from specdec_core.drafters import DraftContext
+    from specdec_core.drafters.lookup import PromptLookup
+
+    def scan(toks, k, lo, weak):
+        for n in range(min(5, len(toks) - 1), lo - 1, -1):
+            for start in range(len(toks) - n):
+                if toks[start:start + n] == toks[-n:]:
+                    return toks[start + n:start + n + (k if weak is None or n >= 3 else min(k, weak))], start
+        return [], None
+
+    rng = random.Random(1)
+    for _ in range(200):
+        lo, weak = rng.choice([1, 2]), rng.choice([None, 3])
+        lk, toks = PromptLookup(min_ngram=lo, weak=weak), [rng.randint(0, 6) for _ in range(rng.randint(1, 8))]
+        for _ in range(25):
+            if rng.random() < 0.05:
+                toks = [rng.randint(0, 6) for _ in range(rng.randint(1, 8))]
+            p = lk.propose(DraftContext(tokens=list(toks), prompt_len=1, k=4, sp=SamplingParams(), gen=None))
+            want, at = scan(toks, 4, lo, weak)
+            assert p.tokens.tolist() == want and p.info.get("match_at") == at
+            toks += [rng.randint(0, 6) for _ in range(rng.randint(1, 3))]
