@@ -113,6 +113,7 @@ class TreePlan:
     slow: torch.Tensor | None         # [m] nodes (index in the group) whose values are gathered instead
     slow_gather: torch.Tensor | None  # [m, S] long, their slot at each position
     rescore: bool = False             # the slow nodes' scores are taken again against their gathered keys
+    first: int = -1                   # the call's query index of the first node, when the nodes are consecutive
 
 
 def _fuse(mods: list) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -322,8 +323,9 @@ class Forward:
             groups.append(("chain", S, sel, idx, real, bias, span))
         for (r, S), qs in trees.items():
             plan = self._tree_plan(S, base[r], [anc[i] for i in qs], pos[qs].tolist())
-            first = qs[0] if qs == list(range(qs[0], qs[0] + len(qs))) else -1   # consecutive: slices
-            groups.append(("tree", S, r, torch.tensor(qs, device=dev), plan, first, None))
+            if qs == list(range(qs[0], qs[0] + len(qs))):     # consecutive: read and written as slices
+                plan.first = qs[0]
+            groups.append(("tree", S, r, torch.tensor(qs, device=dev), plan, None, None))
         whole = len(groups) == 1 and groups[0][6] is not None and groups[0][6][1] == 0
         return groups, whole
 
@@ -462,7 +464,7 @@ class Forward:
                              [t.Sk for t in tr], [t.base for t in tr], [t.gather for t in tr], [t.bias for t in tr],
                              [t.inv for t in tr],
                              [t.slow for t in tr], [t.slow_gather for t in tr], [t.rescore for t in tr],
-                             [g[5] for g in groups if g[0] == "tree"], ROWS)
+                             [t.first for t in tr], ROWS)
         else:
             x = self._layers(x, N, cos, sin, scale, cache, groups, whole, one, rows_t, slots, r0, s0)
         h = self._rms(x[:N], self.norm) if self.norm is not None else x[:N]

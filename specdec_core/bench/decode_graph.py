@@ -55,7 +55,7 @@ class StaticStep:
         G, R = Hq // Hkv, self.ids.numel()
         cos, sin = self.cos[self.pos][:, None], self.sin[self.pos][:, None]               # [R, 1, D]
         see = torch.arange(S, device=f.device) <= self.pos[:1].view(1, 1, 1)             # [1, 1, S]
-        see = fw.mask_bias(fw._pad_see(see[:, None].expand(-1, G, -1, -1).reshape(1, 1, G, S)))   # [1, 1, G', S]
+        bias = fw.mask_bias(fw._pad_see(see[:, None].expand(-1, G, -1, -1).reshape(1, 1, G, S)))  # [1, 1, G', S]
         slot = self.pos[:1]                                                               # [1]
         x = f.embed[self.ids]                                                             # [R, H]
         for l, b in enumerate(f.blocks):
@@ -66,7 +66,7 @@ class StaticStep:
             c.v[l][0].index_copy_(1, slot, v.transpose(0, 1).to(c.dtype))
             kk, vv = c.k[l][0, :, :S].float(), c.v[l][0, :, :S].float()                  # [Hkv, S, D]
             xq = q[0:1].view(1, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G, D)
-            o = fw._attention(xq, kk[None], vv[None], see)                                # [1, Hkv, G, D]
+            o = fw._attention(xq, kk[None], vv[None], bias)                               # [1, Hkv, G, D]
             a = o.view(Hkv, G, 1, D).permute(2, 0, 1, 3).reshape(1, Hq * D).to(f.dtype)
             x = x + b.o(a)
             g, u = b.gu(f._rms(x, b.ln2)).chunk(2, -1)                                   # [R, I] each
