@@ -27,8 +27,9 @@ deterministic and verify_tree.py's exact rule applies unchanged: the output law 
 
 `Head` is the module training unrolls; drafting runs a packed copy of its weights (eagle_packed.py: the
 target forward's packed products in the target's dtype, one call for the rows committed since the last step
-and the root, then one call per tree level over all of its rows), and builds each level's attention masks and
-frontier with a few tensor ops, Python only for the tree bookkeeping.
+and the root, then one call per tree level over all of its rows). A level's few candidates (topk per row) are
+ranked in Python lists, not tensors: each tensor op costs a few microseconds whatever its size, more than
+Python's arithmetic on four numbers (the same floats, the same stable order, so the same trees).
 """
 from __future__ import annotations
 
@@ -178,6 +179,7 @@ class Eagle(Drafter):
                                max_pos=512, int8=int8)
         self.ids = head.vocab.ids.to(target.device) if head.vocab is not None else None
         self._trees: dict[tuple, object] = {}    # compiled tree per shape (rank paths)
+        self._causals: dict[int, torch.Tensor] = {}
         # a copied continuation (prompt lookup, a match of 2+ tokens) grafted onto each tree where it pays
         self.copy = PromptLookup(min_ngram=2) if copy else None
         self.begin([])
@@ -223,47 +225,58 @@ class Eagle(Drafter):
         kv.n = lo - self.f_from
         m = n - lo
         f, logits = self.fast(self.feat[lo:n], torch.tensor(ctx.tokens[lo + 1:n + 1]),
-                              torch.arange(lo + 1, n + 1, device=dev),
-                              PackedHead.bias(torch.ones(m, m, dtype=torch.bool, device=dev).tril()), kv, last=1)
+                              torch.arange(lo + 1, n + 1, device=dev), self._causal(m), kv, last=1)
         f, self.done = f[-1:], n                 # the root is committed whatever is accepted: its row stays
         T = K * (depth - 1)                      # tree rows the head runs: K per level but the last
         # bias[1 + r]: 0 on tree row r's branch (itself included), -inf elsewhere; bias[0] is the root's (none)
         bias = torch.full((T + 1, T), float("-inf"), device=dev)
-        # per level, every node drafted: parent index (-1 = the root), token, cumulative log-prob (float64, so
-        # ties break as in drafting order), as tensors: Python touches them once, after the last level
-        levels, count, tn, prev = [], 0, 0, 0
-        front, base = torch.tensor([-1]), torch.zeros(1, dtype=torch.float64)   # the rows just run, their scores
+        # every node drafted, in drafting order: its parent's index (-1 = the root), token and cumulative
+        # log-prob (a Python float: float64, so ties break as in drafting order). A level has a few nodes:
+        # Python lists cost less than a tensor op each
+        parent, tok, score = [], [], []
+        front, base, tn, prev = [-1], [0.0], 0, 0   # the rows just run: their node indices and scores
         t1 = time.perf_counter()                 # when the level being timed began
         for d in range(1, depth + 1):
             lp, ix = torch.topk(torch.log_softmax(logits, -1, dtype=torch.float32), K, -1)   # [m, K] each
-            ix = (self.ids[ix] if self.ids is not None else ix).flatten()                # [m K] token ids
-            sc = (base[:, None] + lp.double()).flatten()                                 # [m K]
-            levels.append((front.repeat_interleave(K), ix, sc))
-            first, count = count, count + sc.numel()      # node (row r, rank j) of this level: first + r K + j
+            if self.ids is not None:
+                ix = self.ids[ix]                                                         # target token ids
+            first = len(tok)                     # node (row r, rank j) of this level: first + r K + j
+            for r, (lps, ixs) in enumerate(zip(lp.tolist(), ix.tolist())):
+                parent += [front[r]] * K
+                tok += ixs
+                score += [base[r] + x for x in lps]
             if d == depth:
                 break
-            pick = torch.sort(sc, descending=True, stable=True).indices[:K]   # expand the likeliest K
+            lvl = score[first:]
+            pick = sorted(range(len(lvl)), key=lvl.__getitem__, reverse=True)[:K]   # expand the likeliest K
             if self.sized and d > 1:                      # the level just run, timed (or pinned with draft_ms)
                 level_ms = 1e3 * (time.perf_counter() - t1) if self.draft_ms is None else self.draft_ms / self.depth
-                if not deeper_pays(math.exp(sc[pick[0]]), K, level_ms, self.rate):
+                if not deeper_pays(math.exp(lvl[pick[0]]), K, level_ms, self.rate):
                     break                                 # the next level cannot pay for its time: stop here
             t1 = time.perf_counter()
-            rows, m = pick // K, pick.numel()                                           # rows of f (parents)
-            bias[1 + tn:1 + tn + m] = bias[prev + rows]                                 # the parents' branches
+            rows, m = [i // K for i in pick], len(pick)                                 # rows of f (parents)
+            bias[1 + tn:1 + tn + m] = bias[torch.tensor([prev + r for r in rows], device=dev)]   # their branches
             bias[1 + tn:1 + tn + m, tn:tn + m].diagonal().zero_()                       # and each row itself
-            front, base, prev = first + pick, sc[pick], 1 + tn
-            f, logits = self.fast(f[rows], ix[pick], n + d, bias[1 + tn:1 + tn + m, :tn + m], kv)
+            front, base, prev = [first + i for i in pick], [lvl[i] for i in pick], 1 + tn
+            f, logits = self.fast(f[torch.tensor(rows, device=dev)],
+                                  torch.tensor([tok[first + i] for i in pick], device=dev), n + d,
+                                  bias[1 + tn:1 + tn + m, :tn + m], kv)
             tn += m
         kv.n = self.done - self.f_from            # the tree's rows are dropped; the sequence's stay
-        parent, tok, sc = (torch.cat(x) for x in zip(*levels))
-        parent, tok, score = parent.tolist(), tok.tolist(), sc.tolist()
         rank = list(range(K)) * (len(tok) // K)
-        order = torch.sort(sc, descending=True, stable=True).indices.tolist()
+        order = sorted(range(len(score)), key=score.__getitem__, reverse=True)     # stable, as drafted
         draft_ms = 1e3 * (time.perf_counter() - t0) if self.draft_ms is None else self.draft_ms
         prop = self._tree(parent, rank, tok, score, order, self._budget(score, order, draft_ms), ctx)
         if self.sized and self.costs:   # this step's ms: the draft and the score pass of its rows (the tree's)
             self._last = (n, draft_ms + self.costs[min(len(self.costs), -(-prop.tree.size // self.block)) - 1])
         return prop
+
+    def _causal(self, m: int) -> torch.Tensor:
+        """The attention bias of m consecutive sequence rows (causal), built once per m."""
+        b = self._causals.get(m)
+        if b is None:
+            b = self._causals[m] = PackedHead.bias(torch.ones(m, m, dtype=torch.bool, device=self.fast.device).tril())
+        return b
 
     def _measure(self, n: int) -> None:
         """Sized: the tokens the last step committed (n moved by them) over its estimated ms, smoothed."""
