@@ -272,10 +272,13 @@ class Eagle(Drafter):
         return prop
 
     def _causal(self, m: int) -> torch.Tensor:
-        """The attention bias of m consecutive sequence rows (causal), built once per m."""
+        """The attention bias of m consecutive sequence rows (causal): a step's few rows built once per m, a
+        prompt's (m in the hundreds, once a sequence) not kept."""
         b = self._causals.get(m)
         if b is None:
-            b = self._causals[m] = PackedHead.bias(torch.ones(m, m, dtype=torch.bool, device=self.fast.device).tril())
+            b = PackedHead.bias(torch.ones(m, m, dtype=torch.bool, device=self.fast.device).tril())
+            if m <= 2 * self.depth:
+                self._causals[m] = b
         return b
 
     def _measure(self, n: int) -> None:

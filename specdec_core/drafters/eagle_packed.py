@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..forward import mask_bias
 from .packed import Int8, mm, product
 
 
@@ -140,8 +141,5 @@ class PackedHead:
         h = self._rms(x, self.norm)                                                        # [m, H] fp32
         return h, mm(self.lm, h[m - last if last else 0:].to(dt))                         # [last, v] model dtype
 
-    @staticmethod
-    def bias(see: torch.Tensor) -> torch.Tensor:
-        """A bool attention mask (True: attends) -> the additive fp32 bias __call__ takes."""
-        return torch.zeros(see.shape, device=see.device).masked_fill_(~see, float("-inf"))
+    bias = staticmethod(mask_bias)   # a bool attention mask (True: attends) -> the additive bias __call__ takes
 
