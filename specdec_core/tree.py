@@ -101,16 +101,19 @@ def compile_tree(paths) -> Tree:
     order = sorted(clean, key=lambda p: (len(p), p))
     index = {(): 0} | {p: i + 1 for i, p in enumerate(order)}
     T = len(order) + 1
-    depth = torch.tensor([0] + [len(p) for p in order], dtype=torch.long)
-    parent = torch.tensor([-1] + [index[p[:-1]] for p in order], dtype=torch.long)
-    rank = torch.tensor([-1] + [p[-1] for p in order], dtype=torch.long)
-    mask = torch.eye(T, dtype=torch.bool)
+    par = [-1] + [index[p[:-1]] for p in order]
+    # built in Python lists, one tensor each at the end: a drafter with trees shaped by its confidence compiles
+    # most steps' trees anew, and a tensor op per node costs more than the list work
+    see = [[False] * T for _ in range(T)]
+    see[0][0] = True
+    kids: list[list[int]] = [[] for _ in range(T)]
     for i in range(1, T):                 # parents come first, so a parent's row is complete
-        mask[i] |= mask[int(parent[i])]
-    kids = [[] for _ in range(T)]
-    for i in range(1, T):
-        kids[int(parent[i])].append(i)    # ascending index = ascending rank among siblings
-    return Tree(tuple(order), depth, parent, rank, mask, tuple(tuple(c) for c in kids))
+        see[i] = see[par[i]].copy()
+        see[i][i] = True
+        kids[par[i]].append(i)            # ascending index = ascending rank among siblings
+    return Tree(tuple(order), torch.tensor([0] + [len(p) for p in order], dtype=torch.long),
+                torch.tensor(par, dtype=torch.long), torch.tensor([-1] + [p[-1] for p in order], dtype=torch.long),
+                torch.tensor(see, dtype=torch.bool), tuple(tuple(c) for c in kids))
 
 
 def graft(nodes: dict[tuple[int, ...], int], chain: list[int]) -> list[tuple[int, ...]]:

@@ -118,6 +118,10 @@ def test_draft_vocab_maps_and_buckets():
     soft = [(torch.tensor([[5], [5], [5], [5]]), torch.log(torch.full((4, 1), 0.9)))]
     assert DraftVocab.from_counts([[9, 9, 1, 2, 2, 2, 3]], [2], 3, 10, always=[0], soft=soft).ids.tolist() == [0, 2, 5]
     assert v.coverage([[9, 1, 2, 3, 4]], [1]) == pytest.approx(0.25)
+    # narrowed within a vocabulary (a trained head's): its most-said tokens only, never one outside it
+    wide = DraftVocab(torch.tensor([0, 1, 3, 9]), 10)
+    narrow = DraftVocab.from_counts([[9, 9, 1, 2, 2, 2, 3, 3]], [2], 2, 10, always=[0], within=wide)
+    assert narrow.ids.tolist() == [0, 3]           # 2 is said most but outside; 3 (twice) beats 1 (once)
     full = v.scatter(torch.tensor([[1.0, 2.0]]))
     assert full[0, 0] == 1.0 and full[0, 2] == 2.0 and torch.isneginf(full[0, [1, 3, 4, 5, 6, 7, 8, 9]]).all()
     # soft targets outside the vocabulary join the rest bucket: p = 0 for them and they own no q

@@ -50,6 +50,7 @@ from .lookup import PromptLookup
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "eagle.safetensors"
+_NEG = float("-inf")
 MANIFEST = WEIGHTS.with_name("eagle.manifest.json")
 
 
@@ -175,9 +176,9 @@ class Eagle(Drafter):
         self.head = head.to(target.device)          # the trained module; drafting runs its packed copy
         lm_w = head_weight(head, target.model.get_output_embeddings())                  # [v, H]
         # on the CPU the head's products read int8 weights (half the bytes; eagle_packed.py says what it costs)
+        ids = head.vocab.ids.to(target.device) if head.vocab is not None else None   # draft row -> target id
         self.fast = PackedHead(self.head, target.model.get_input_embeddings().weight, lm_w, target.dtype,
-                               max_pos=512, int8=int8)
-        self.ids = head.vocab.ids.to(target.device) if head.vocab is not None else None
+                               max_pos=512, int8=int8, ids=ids)
         self._trees: dict[tuple, object] = {}    # compiled tree per shape (rank paths)
         self._causals: dict[int, torch.Tensor] = {}
         # a copied continuation (prompt lookup, a match of 2+ tokens) grafted onto each tree where it pays
@@ -224,24 +225,20 @@ class Eagle(Drafter):
         lo = min(self.done, n - 1)               # (a second proposal at the same n runs its root again)
         kv.n = lo - self.f_from
         m = n - lo
-        f, logits = self.fast(self.feat[lo:n], torch.tensor(ctx.tokens[lo + 1:n + 1]),
-                              torch.arange(lo + 1, n + 1, device=dev), self._causal(m), kv, last=1)
+        f, lp, ix = self.fast(self.feat[lo:n], torch.tensor(ctx.tokens[lo + 1:n + 1]),
+                              torch.arange(lo + 1, n + 1, device=dev), self._causal(m), kv, last=1, k=K)
         f, self.done = f[-1:], n                 # the root is committed whatever is accepted: its row stays
-        T = K * (depth - 1)                      # tree rows the head runs: K per level but the last
-        # bias[1 + r]: 0 on tree row r's branch (itself included), -inf elsewhere; bias[0] is the root's (none)
-        bias = torch.full((T + 1, T), float("-inf"), device=dev)
         # every node drafted, in drafting order: its parent's index (-1 = the root), token and cumulative
         # log-prob (a Python float: float64, so ties break as in drafting order). A level has a few nodes:
         # Python lists cost less than a tensor op each
         parent, tok, score = [], [], []
         front, base, tn, prev = [-1], [0.0], 0, 0   # the rows just run: their node indices and scores
+        branch = [[]]                            # branch[1 + r]: the tree rows tree row r sees (itself last); [0]
+                                                 # the root's (none)
         t1 = time.perf_counter()                 # when the level being timed began
         for d in range(1, depth + 1):
-            lp, ix = torch.topk(torch.log_softmax(logits, -1, dtype=torch.float32), K, -1)   # [m, K] each
-            if self.ids is not None:
-                ix = self.ids[ix]                                                         # target token ids
             first = len(tok)                     # node (row r, rank j) of this level: first + r K + j
-            for r, (lps, ixs) in enumerate(zip(lp.tolist(), ix.tolist())):
+            for r, (lps, ixs) in enumerate(zip(lp.tolist(), ix.tolist())):    # [m, K] each: top-K log q, ids
                 parent += [front[r]] * K
                 tok += ixs
                 score += [base[r] + x for x in lps]
@@ -255,12 +252,14 @@ class Eagle(Drafter):
                     break                                 # the next level cannot pay for its time: stop here
             t1 = time.perf_counter()
             rows, m = [i // K for i in pick], len(pick)                                 # rows of f (parents)
-            bias[1 + tn:1 + tn + m] = bias[torch.tensor([prev + r for r in rows], device=dev)]   # their branches
-            bias[1 + tn:1 + tn + m, tn:tn + m].diagonal().zero_()                       # and each row itself
+            branch += [branch[prev + r] + [tn + j] for j, r in enumerate(rows)]        # their branches, and itself
+            bias = [[_NEG] * (tn + m) for _ in range(m)]                               # [m, tn + m]
+            for j in range(m):
+                for c in branch[1 + tn + j]:
+                    bias[j][c] = 0.0
             front, base, prev = [first + i for i in pick], [lvl[i] for i in pick], 1 + tn
-            f, logits = self.fast(f[torch.tensor(rows, device=dev)],
-                                  torch.tensor([tok[first + i] for i in pick], device=dev), n + d,
-                                  bias[1 + tn:1 + tn + m, :tn + m], kv)
+            f, lp, ix = self.fast(f[rows], torch.tensor([tok[first + i] for i in pick], device=dev), n + d,
+                                  torch.tensor(bias, device=dev), kv, k=K)
             tn += m
         kv.n = self.done - self.f_from            # the tree's rows are dropped; the sequence's stay
         rank = list(range(K)) * (len(tok) // K)

@@ -32,10 +32,11 @@ kernel, so a CPU with AMX runs the same code; at a few rows it is bound by the b
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ..forward import mask_bias
-from .packed import Int8, mm, product
+from typing import List, Optional, Tuple
+
+from ..forward import _script, mask_bias
+from .packed import Int8, parts, product, product_of
 
 
 def grown(t: torch.Tensor, dim: int, rows: int, keep: int) -> torch.Tensor:
@@ -67,10 +68,10 @@ class PackedHead:
     """(features [m, H], tokens [m]) at one tree depth -> (next features [m, H] fp32, draft logits [m, v])."""
 
     def __init__(self, head, embed: torch.Tensor, lm_w: torch.Tensor, dtype: torch.dtype, max_pos: int = 64,
-                 int8: bool = False):
+                 int8: bool = False, ids: torch.Tensor | None = None):
         """head: an eagle.Head (its weights are copied, in `dtype`); embed [V, H]: the target's token embedding;
-        lm_w [v, H]: the target's LM-head rows for the draft vocabulary. int8: the products' weights in int8
-        where packed.int8_ok (the CPU, with the kernel)."""
+        lm_w [v, H]: the target's LM-head rows for the draft vocabulary, ids [v] their target ids (None: all V).
+        int8: the products' weights in int8 where packed.int8_ok (the CPU, with the kernel)."""
         dev = embed.device
         w = lambda *mods: torch.cat([m.weight.detach() for m in mods]).to(dev, dtype).contiguous()   # noqa: E731
         f32 = lambda t: t.detach().to(dev, torch.float32)                                            # noqa: E731
@@ -85,7 +86,11 @@ class PackedHead:
         self.lm = P(lm_w.detach().to(dev, dtype).contiguous())                            # [v, H]
         self.int8 = isinstance(self.lm, Int8)
         self.ln1, self.ln2, self.norm = f32(head.ln1), f32(head.ln2), f32(head.norm)
+        ps = [parts(d) for d in (self.fc, self.qkv, self.o, self.gu, self.down, self.lm)]     # _rows' order
+        self._w = ([p[0] for p in ps], [p[1] for p in ps], [p[2] for p in ps], [p[3] for p in ps],
+                   self.ln1, self.ln2, self.norm, self.fc_b)
         self.embed = embed.detach().to(dtype)                                              # [V, H]
+        self.ids = ids
         self.theta = head.theta
         self._table(max_pos)
 
@@ -102,44 +107,67 @@ class PackedHead:
     def scratch(self, rows: int) -> Scratch:
         return Scratch(self.Hkv, rows, self.D, self.device)
 
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, w.shape, w, self.eps)      # eagle._rms in one op
-
-    def __call__(self, f: torch.Tensor, tok: torch.Tensor, pos, bias: torch.Tensor, kv: Scratch, last: int = 0):
+    def __call__(self, f: torch.Tensor, tok: torch.Tensor, pos, bias: torch.Tensor, kv: Scratch, last: int = 0,
+                 k: int = 0):
         """f [m, H] the features read (f_{t-1}), tok [m] the tokens x_t after them, at positions `pos` (an int
         for all m rows, or [m]); bias [m, c] fp32 attention bias over the last c of the kv.n + m rows, 0 where a
         row attends and -inf elsewhere (see `bias`): every row sees all rows before those c (the sequence's).
         Appends the m rows' keys and values to kv. -> (features [m, H], draft logits of the last `last` rows, or
-        of all m with last = 0).
+        of all m with last = 0), or with k > 0 (features, the top-k draft log-probs [., k] fp32 of those rows,
+        their target ids [., k]).
 
         Runs under the caller's inference mode (propose's), not its own: entering one costs as much as an op.
-        Products take and give the model dtype; the fp32 residual and attention take their outputs by type
-        promotion (x += y, y * cos), which saves a conversion per product: on a draft this small ops count."""
-        m, Hq, Hkv, D, dt = f.shape[0], self.Hq, self.Hkv, self.D, self.dtype
-        G, R0, R = Hq // Hkv, kv.n, kv.n + m
+        The layer's ops run in one scripted function (`_rows`): on a draft this small each op's Python call
+        is a measurable share of its cost."""
+        m = f.shape[0]
         top = int(pos) if isinstance(pos, int) else int(pos.max())
         if top >= self.cos.shape[0]:
             self._table(2 * top)
-        kv.reserve(R)
-        e = self.embed[tok.to(self.device)]                                                # [m, H]
-        x = self.fc_b + mm(self.fc, torch.cat([f.to(dt), e], -1))                          # [m, H] fp32 residual
-        qkv = mm(self.qkv, self._rms(x, self.ln1).to(dt))                                  # [m, (Hq+2Hkv) D]
-        qk = qkv[:, :(Hq + Hkv) * D].view(m, Hq + Hkv, D)
-        qk = qk * self.cos[pos] + qk.roll(D // 2, -1) * self.sin[pos]                      # fp32, roped, q scaled
-        kv.k[:, R0:R] = qk[:, Hq:].transpose(0, 1)
-        kv.v[:, R0:R] = qkv[:, (Hq + Hkv) * D:].view(m, Hkv, D).transpose(0, 1)
-        kv.n = R
-        # GQA: the G query heads of a key head are G more query rows against that head's keys
-        q = qk[:, :Hq].view(m, Hkv, G, D).transpose(0, 1).reshape(Hkv, m * G, D)           # [Hkv, m G, D]
-        s = q @ kv.k[:, :R].transpose(1, 2)                                                # [Hkv, m G, R]
-        s.view(Hkv, m, G, R)[..., R - bias.shape[1]:].add_(bias[:, None])
-        a = torch.softmax(s, -1) @ kv.v[:, :R]                                             # [Hkv, m G, D]
-        a = a.view(Hkv, m, G * D).transpose(0, 1).reshape(m, Hq * D)                       # heads in q's order
-        x += mm(self.o, a.to(dt))
-        g, u = mm(self.gu, self._rms(x, self.ln2).to(dt)).chunk(2, -1)                     # [m, I] each
-        x += mm(self.down, F.silu(g) * u)
-        h = self._rms(x, self.norm)                                                        # [m, H] fp32
-        return h, mm(self.lm, h[m - last if last else 0:].to(dt))                         # [last, v] model dtype
+        R0 = kv.n
+        kv.reserve(R0 + m)
+        kv.n = R0 + m
+        h, y, ix = _rows(f, self.embed[tok.to(self.device)], self.cos[pos], self.sin[pos], bias, kv.k, kv.v, R0,
+                         *self._w, self.Hq, self.Hkv, self.D, self.eps, last, k, self.ids)
+        return (h, y, ix) if k else (h, y)
 
     bias = staticmethod(mask_bias)   # a bool attention mask (True: attends) -> the additive bias __call__ takes
 
+
+
+@_script
+def _rows(f: torch.Tensor, e: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
+          k: torch.Tensor, v: torch.Tensor, R0: int, w: List[torch.Tensor], s: List[Optional[torch.Tensor]],
+          b: List[Optional[torch.Tensor]], packed: List[bool], ln1: torch.Tensor, ln2: torch.Tensor,
+          norm: torch.Tensor, fc_b: torch.Tensor, Hq: int, Hkv: int, D: int, eps: float, last: int, k_top: int,
+          ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PackedHead.__call__'s layer: f [m, H] features and e [m, H] token embeddings (model dtype), cos/sin of
+    their positions ([Hq + Hkv, D] or [m, Hq + Hkv, D]), bias [m, c], the kv scratch k, v [Hkv, N, D] whose rows
+    R0 .. R0 + m this fills; w, s, b, packed: fc, qkv, o, gate|up, down and the LM head (packed.parts); fc_b
+    fc's bias, fp32.
+    Products take and give the model dtype; the fp32 residual and attention take their outputs by type
+    promotion (x += y, y * cos), which saves a conversion per product. -> (h [m, H], the logits, the logits)
+    or, k_top > 0, (h, the top-k_top draft log-probs, their ids: target ids through `ids` [v] where given)."""
+    m, H, dt = f.shape[0], f.shape[1], e.dtype
+    G, R = Hq // Hkv, R0 + m
+    x = fc_b + product_of(torch.cat([f.to(dt), e], -1), w[0], s[0], b[0], packed[0])     # [m, H] fp32 residual
+    y = torch.rms_norm(x, [H], ln1, eps).to(dt)
+    qkv = product_of(y, w[1], s[1], b[1], packed[1])                                    # [m, (Hq+2Hkv) D]
+    qk = qkv[:, :(Hq + Hkv) * D].view(m, Hq + Hkv, D)
+    qk = qk * cos + qk.roll(D // 2, -1) * sin                                            # fp32, roped, q scaled
+    k[:, R0:R] = qk[:, Hq:].transpose(0, 1)
+    v[:, R0:R] = qkv[:, (Hq + Hkv) * D:].view(m, Hkv, D).transpose(0, 1)
+    # GQA: the G query heads of a key head are G more query rows against that head's keys
+    q = qk[:, :Hq].view(m, Hkv, G, D).transpose(0, 1).reshape(Hkv, m * G, D)             # [Hkv, m G, D]
+    sc = q @ k[:, :R].transpose(1, 2)                                                    # [Hkv, m G, R]
+    sc.view(Hkv, m, G, R)[:, :, :, R - bias.shape[1]:].add_(bias[:, None])
+    a = torch.softmax(sc, -1) @ v[:, :R]                                                 # [Hkv, m G, D]
+    a = a.view(Hkv, m, G * D).transpose(0, 1).reshape(m, Hq * D)                         # heads in q's order
+    x += product_of(a.to(dt), w[2], s[2], b[2], packed[2])
+    gu = product_of(torch.rms_norm(x, [H], ln2, eps).to(dt), w[3], s[3], b[3], packed[3]).chunk(2, -1)
+    x += product_of(torch.nn.functional.silu(gu[0]) * gu[1], w[4], s[4], b[4], packed[4])
+    h = torch.rms_norm(x, [H], norm, eps)                                                # [m, H] fp32
+    y = product_of(h[m - last if last > 0 else 0:].to(dt), w[5], s[5], b[5], packed[5])  # [last, v] logits
+    if k_top == 0:
+        return h, y, y
+    lp, ix = torch.topk(torch.log_softmax(y, -1, dtype=torch.float32), k_top, -1)         # [last, k] each
+    return h, lp, ix if ids is None else ids[ix]                                         # target token ids

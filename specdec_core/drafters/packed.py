@@ -15,11 +15,11 @@ little, which can only move acceptance: the exact rule checks every drafted toke
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
-from ..forward import Dense
+from ..forward import Dense, _script
 
 
 class Int8:
@@ -51,12 +51,26 @@ def product(w: torch.Tensor, int8: bool = False) -> Dense | Int8:
     return Int8(w) if int8 and int8_ok(w.device, w.dtype) else Dense(w)
 
 
+def parts(d: Dense | Int8) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], bool]:
+    """A product weight as `product_of` takes it: (weight, int8 row scales or None, bias or None, packed)."""
+    if isinstance(d, Int8):
+        return d.q, d.s, d.b, False
+    return (d.w, None, d.b, False) if d.packed is None else (d.packed, None, d.b, True)
+
+
+@_script
+def product_of(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: Optional[torch.Tensor],
+               packed: bool) -> torch.Tensor:
+    """x [m, in] @ W^T (+ b) in W's dtype: W int8 with row scales s (Int8), oneDNN-packed, or plain (`parts`)."""
+    if s is not None:
+        y = torch.ops.aten._weight_int8pack_mm(x, w, s)
+    elif packed:
+        y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    else:
+        y = torch.nn.functional.linear(x, w)
+    return y if b is None else y + b
+
+
 def mm(d: Dense | Int8, x: torch.Tensor) -> torch.Tensor:
     """x [m, in] @ W^T (+ b) in W's dtype, with the packed weight where Dense has one, or Int8's."""
-    if isinstance(d, Int8):
-        y = torch.ops.aten._weight_int8pack_mm(x, d.q, d.s)
-    elif d.packed is not None:
-        y = torch.ops.mkldnn._linear_pointwise(x, d.packed, None, "none", [], "")
-    else:
-        y = F.linear(x, d.w)
-    return y if d.b is None else y + d.b
+    return product_of(x, *parts(d))

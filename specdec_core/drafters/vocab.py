@@ -20,16 +20,21 @@ class DraftVocab:
 
     @classmethod
     def from_counts(cls, seqs: list[list[int]], starts: list[int], n: int, vocab_size: int,
-                    always: list[int] = (), soft: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> "DraftVocab":
+                    always: list[int] = (), soft: list[tuple[torch.Tensor, torch.Tensor]] = (),
+                    within: "DraftVocab | None" = None) -> "DraftVocab":
         """The n tokens the target says most: answer tokens (seqs[i][starts[i]:]) counted once each, plus
         the target's probability mass on every token at every position (`soft`: (idx, logp) top-k rows),
-        so that tokens it often considers but rarely picked in this data are in too; and `always` (eos)."""
+        so that tokens it often considers but rarely picked in this data are in too; and `always` (eos).
+        `within`: pick among that vocabulary's tokens only (a trained head's vocabulary narrowed: its LM-head
+        rows are a subset of the ones it learned to rank)."""
         score = torch.zeros(vocab_size)
         for s, st in zip(seqs, starts):
             score.index_add_(0, torch.tensor(s[st:], dtype=torch.long), torch.ones(len(s) - st))
         for idx, logp in soft:
             score.index_add_(0, idx.reshape(-1).long(), logp.reshape(-1).float().exp())
         score[list(always)] = float("inf")
+        if within is not None:
+            score[within.t2d < 0] = 0
         top = torch.topk(score, min(n, int((score > 0).sum()))).indices
         return cls(top, vocab_size)
 

@@ -212,10 +212,12 @@ def rewrite_manifest(kind: str, folder: Path, fields: dict, command: str) -> dic
 
 # ---------------------------------------------------------------- the shared training loop
 
-def make_vocab(lm, rows, n: int) -> DraftVocab:
-    """The n tokens the target says or considers most over the training answers, plus the end-of-sequence ids."""
+def make_vocab(lm, rows, n: int, within: DraftVocab | None = None) -> DraftVocab:
+    """The n tokens the target says or considers most over the training answers, plus the end-of-sequence ids
+    (`within`: among that vocabulary's tokens only)."""
     return DraftVocab.from_counts([r[0] for r in rows], [r[1] for r in rows], n, lm.vocab_size,
-                                  always=sorted(lm.eos_ids), soft=[(r[2][r[1] - 1:], r[3][r[1] - 1:]) for r in rows])
+                                  always=sorted(lm.eos_ids), soft=[(r[2][r[1] - 1:], r[3][r[1] - 1:]) for r in rows],
+                                  within=within)
 
 
 def vocab_desc(vocab: DraftVocab, rows, held) -> dict:

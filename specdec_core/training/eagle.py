@@ -36,8 +36,8 @@ from tqdm.auto import tqdm
 from ..drafters import target_record
 from ..drafters.eagle import Eagle, Head, head_weight, load_head
 from . import distill
-from .common import (WEIGHTS, acceptance, add_temps, load_target, prepare, rewrite_manifest, schedule,
-                     target_step_cost, time_forward, write_manifest)
+from .common import (WEIGHTS, acceptance, add_temps, data, load_target, make_vocab, prepare, rewrite_manifest,
+                     schedule, target_step_cost, time_forward, write_manifest)
 from .medusa import hidden_states
 
 W_CE = 1.0                                   # weight of the distribution loss against the feature loss
@@ -65,6 +65,9 @@ def _args(argv):
                     "instead of the target's last layer")
     ap.add_argument("--retree", action="store_true", help="keep the head in --out; choose its tree budget again "
                     "on this machine and re-measure the held-out acceptance")
+    ap.add_argument("--narrow", type=int, default=0, metavar="N", help="keep the head in --out; keep only the N "
+                    "tokens of its draft vocabulary with the most target mass over the training answers (its "
+                    "LM-head rows a subset of those it learned to rank: no retraining), then choose its tree again")
     ap.add_argument("--fixed", action="store_true", help="verify NODES nodes every step; by default each tree is "
                     "sized by the target's measured cost of its rows (policy.tree_budget), NODES the most")
     ap.add_argument("--eval-prompts", type=int, default=3, help="held-out prompts measured")
@@ -146,6 +149,8 @@ def main(argv: list[str]) -> int:
     a = _args(argv)
     if a.retree:
         return retree(a)
+    if a.narrow:
+        return narrow(a)
     t_start = time.perf_counter()
     lm, rows, desc, vocab = prepare(a)
     hs = hidden_states(lm, [r[0] for r in rows])
@@ -291,4 +296,46 @@ def retree(a) -> int:
     head, _ = load_head(lm.model, a.out / "eagle.safetensors")
     rewrite_manifest("eagle", a.out, pick_tree(lm, head, a), "python -m specdec_core train eagle --retree --trees "
                      + ",".join("x".join(map(str, t)) for t in a.trees) + (" --fixed" if a.fixed else ""))
+    return 0
+
+
+def narrow(a) -> int:
+    """--narrow N: the head in --out drafting over only the N tokens of its draft vocabulary that the target says
+    or considers most over the training answers (make_vocab, within the head's own). Its weights are the same;
+    its LM head is a subset of the rows it learned to rank, so a level's products and top-k read fewer bytes
+    (FR-Spec's point: the rare tokens seldom make an accepted draft). The vocabulary in the weights file is
+    rewritten, then the tree is chosen again and the manifest says what changed."""
+    import hashlib
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    lm = load_target(a.threads)
+    path = a.out / "eagle.safetensors"
+    head, _ = load_head(lm.model, path)
+    if head.vocab is None or not 1 <= a.narrow < len(head.vocab.ids):
+        raise SystemExit(f"--narrow {a.narrow}: want fewer tokens than the head's draft vocabulary "
+                         f"({'none' if head.vocab is None else len(head.vocab.ids)})")
+    rows, desc = data(lm, a.n_prompts, [float(x) for x in a.temps.split(",")])
+    vocab = make_vocab(lm, rows, a.narrow, within=head.vocab)
+    cover = lambda v: round(v.coverage([r[0] for r in rows], [r[1] for r in rows]), 4)   # noqa: E731
+    before = dict(size=len(head.vocab.ids), train_coverage=cover(head.vocab))
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    save_file({**load_file(str(path)), **vocab.state()}, str(path), metadata=meta)
+    shipped, _ = load_head(lm.model, path)
+    picked = pick_tree(lm, shipped, a)
+    command = "python -m specdec_core train eagle --narrow " + f"{a.narrow} --temps {a.temps} --trees " + \
+        ",".join("x".join(map(str, t)) for t in a.trees) + (" --fixed" if a.fixed else "")
+    man_path = a.out / "eagle.manifest.json"
+    man = json.loads(man_path.read_text())
+    man.update(picked, tree_command=command, weights_bytes=path.stat().st_size,
+               sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+               vocab=dict(size=len(vocab.ids), train_coverage=cover(vocab),
+                          how=f"narrowed ({command}) from the {before['size']} tokens the head was trained over "
+                              f"(train coverage {before['train_coverage']}): the {a.narrow} of them with the most "
+                              "target mass over the training answers (training/common.py make_vocab); the head's "
+                              "weights unchanged", trained_over=man.get("vocab", {})))
+    man_path.write_text(json.dumps(man, indent=1) + "\n")
+    print(f"draft vocabulary {before['size']} -> {len(vocab.ids)} tokens (train coverage {before['train_coverage']} "
+          f"-> {cover(vocab)}); tree {man['tree']}: held-out mean acceptance length "
+          f"{man['acceptance']['mean_acceptance_length']}")
     return 0
