@@ -49,7 +49,8 @@ class ModuleStep:
         out, (k, v) = self.head(f.float()[None], e[None], pos, see[None], kv.past)
         past = (k, v) if kv.past is None else (torch.cat([kv.past[0], k], 1), torch.cat([kv.past[1], v], 1))
         kv.past, kv._n = past, R
-        y = F.linear(out[0][m - last if last else 0:], self.w)
+        out = out[:, m - last if last else 0:]
+        y = F.linear(out[0], self.w)
         if not top:
             return out[0], y
         lp, ix = torch.topk(torch.log_softmax(y, -1, dtype=torch.float32), top, -1)

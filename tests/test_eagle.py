@@ -111,7 +111,7 @@ def test_packed_head_computes_the_module(one_thread):
             kv.n = 4                                   # the tree's rows dropped, the sequence's kept
             c = step(f2, torch.tensor([4, 6]), 5, torch.zeros(2, 2), kv)
             outs.append((a, b, c))
-    assert outs[0][0][1].shape[0] == 1                 # last=1: the root's logits only
+    assert outs[0][0][0].shape[0] == outs[0][0][1].shape[0] == 1   # last=1: the root's features and logits only
     for (fa, la), (fb, lb) in zip(*outs):
         torch.testing.assert_close(fa, fb, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(la.float(), lb, atol=1e-5, rtol=1e-5)

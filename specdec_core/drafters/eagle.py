@@ -227,7 +227,7 @@ class Eagle(Drafter):
         m = n - lo
         f, lp, ix = self.fast(self.feat[lo:n], torch.tensor(ctx.tokens[lo + 1:n + 1]),
                               torch.arange(lo + 1, n + 1, device=dev), self._causal(m), kv, last=1, k=K)
-        f, self.done = f[-1:], n                 # the root is committed whatever is accepted: its row stays
+        self.done = n                            # the root is committed whatever is accepted: its row stays
         # every node drafted, in drafting order: its parent's index (-1 = the root), token and cumulative
         # log-prob (a Python float: float64, so ties break as in drafting order). A level has a few nodes:
         # Python lists cost less than a tensor op each

@@ -112,9 +112,9 @@ class PackedHead:
         """f [m, H] the features read (f_{t-1}), tok [m] the tokens x_t after them, at positions `pos` (an int
         for all m rows, or [m]); bias [m, c] fp32 attention bias over the last c of the kv.n + m rows, 0 where a
         row attends and -inf elsewhere (see `bias`): every row sees all rows before those c (the sequence's).
-        Appends the m rows' keys and values to kv. -> (features [m, H], draft logits of the last `last` rows, or
-        of all m with last = 0), or with k > 0 (features, the top-k draft log-probs [., k] fp32 of those rows,
-        their target ids [., k]).
+        Appends the m rows' keys and values to kv. -> (features, draft logits) of the last `last` rows, or of all
+        m with last = 0 (the other rows give their keys and values only), or with k > 0 (features, the top-k
+        draft log-probs [., k] fp32 of those rows, their target ids [., k]).
 
         Runs under the caller's inference mode (propose's), not its own: entering one costs as much as an op.
         The layer's ops run in one scripted function (`_rows`): on a draft this small each op's Python call
@@ -156,18 +156,22 @@ def _rows(f: torch.Tensor, e: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     qk = qk * cos + qk.roll(D // 2, -1) * sin                                            # fp32, roped, q scaled
     k[:, R0:R] = qk[:, Hq:].transpose(0, 1)
     v[:, R0:R] = qkv[:, (Hq + Hkv) * D:].view(m, Hkv, D).transpose(0, 1)
+    # past the keys and values, only the rows whose outputs are wanted (last > 0: a step's committed rows but
+    # the root give their keys and values only): n of them
+    n0 = m - last if last > 0 else 0
+    n = m - n0
     # GQA: the G query heads of a key head are G more query rows against that head's keys
-    q = qk[:, :Hq].view(m, Hkv, G, D).transpose(0, 1).reshape(Hkv, m * G, D)             # [Hkv, m G, D]
-    sc = q @ k[:, :R].transpose(1, 2)                                                    # [Hkv, m G, R]
-    sc.view(Hkv, m, G, R)[:, :, :, R - bias.shape[1]:].add_(bias[:, None])
-    a = torch.softmax(sc, -1) @ v[:, :R]                                                 # [Hkv, m G, D]
-    a = a.view(Hkv, m, G * D).transpose(0, 1).reshape(m, Hq * D)                         # heads in q's order
-    x += product_of(a.to(dt), w[2], s[2], b[2], packed[2])
+    q = qk[n0:, :Hq].view(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D)           # [Hkv, n G, D]
+    sc = q @ k[:, :R].transpose(1, 2)                                                    # [Hkv, n G, R]
+    sc.view(Hkv, n, G, R)[:, :, :, R - bias.shape[1]:].add_(bias[n0:, None])
+    a = torch.softmax(sc, -1) @ v[:, :R]                                                 # [Hkv, n G, D]
+    a = a.view(Hkv, n, G * D).transpose(0, 1).reshape(n, Hq * D)                         # heads in q's order
+    x = x[n0:] + product_of(a.to(dt), w[2], s[2], b[2], packed[2])                       # [n, H]
     gu = product_of(torch.rms_norm(x, [H], ln2, eps).to(dt), w[3], s[3], b[3], packed[3]).chunk(2, -1)
     x += product_of(torch.nn.functional.silu(gu[0]) * gu[1], w[4], s[4], b[4], packed[4])
-    h = torch.rms_norm(x, [H], norm, eps)                                                # [m, H] fp32
-    y = product_of(h[m - last if last > 0 else 0:].to(dt), w[5], s[5], b[5], packed[5])  # [last, v] logits
+    h = torch.rms_norm(x, [H], norm, eps)                                                # [n, H] fp32
+    y = product_of(h.to(dt), w[5], s[5], b[5], packed[5])                                # [n, v] logits
     if k_top == 0:
         return h, y, y
-    lp, ix = torch.topk(torch.log_softmax(y, -1, dtype=torch.float32), k_top, -1)         # [last, k] each
+    lp, ix = torch.topk(torch.log_softmax(y, -1, dtype=torch.float32), k_top, -1)         # [n, k] each
     return h, lp, ix if ids is None else ids[ix]                                         # target token ids
