@@ -133,8 +133,11 @@ class Ours(Backend):
 
     def derive(self, net, layers: int, layer: torch.nn.Module, norm_w: torch.Tensor, head_w: torch.Tensor,
                vocab) -> "Ours":
-        """The first `layers` blocks (shared), then `layer`, a norm and a head: an early exit's network."""
-        return Ours(self.fwd.derive(self.fwd.blocks[:layers] + [block_of(layer)], norm_w, Dense(head_w), vocab))
+        """The first `layers` blocks (the target's weights), then `layer`, a norm and a head: an early exit's
+        network, its products with int8 weights where the CPU has the kernel (forward.Dense: a draft's few rows
+        are bound by the bytes they read; the trunk's are int8 copies of the target's)."""
+        return Ours(self.fwd.derive([b.int8() for b in self.fwd.blocks[:layers]] + [block_of(layer, int8=True)],
+                                    norm_w, Dense(head_w, int8=True), vocab))
 
 
 _BLOCK_MS: "weakref.WeakKeyDictionary[Forward, dict]" = weakref.WeakKeyDictionary()

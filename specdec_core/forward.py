@@ -43,6 +43,7 @@ The price: a little padding, a gather for tree nodes, and attention over up to B
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import List, Optional
@@ -68,11 +69,22 @@ class Unsupported(ValueError):
 
 
 class Dense:
-    """y = x @ W^T (+ b) with W packed once for oneDNN on the CPU (plain F.linear elsewhere); rows padded."""
+    """y = x @ W^T (+ b) with W packed once for oneDNN on the CPU (plain F.linear elsewhere); rows padded.
 
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, pack: bool = True):
-        self.w, self.b, self.packed = w, b, None
-        if pack and w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) \
+    int8=True (a draft's weights, never the target's): W stored in int8 with one scale per output row
+    (symmetric, round to nearest) where `int8_ok`, for ATen's weight-only int8 product with the activations in
+    W's dtype: a draft's few rows are bound by the bytes they read, and int8 reads half of bf16's. The rounding
+    moves the draft's logits a little, which can only move acceptance: the exact rule checks every drafted
+    token. That product computes each row alone (a row's bits do not depend on the rows beside it), so a
+    draft stays batch-invariant with it."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, pack: bool = True, int8: bool = False):
+        self.w, self.b, self.packed, self.s = w, b, None, None   # packed: the prepared weight; s: int8's scales
+        if int8 and int8_ok(w.device, w.dtype):
+            s = w.float().abs().amax(1).clamp_min(1e-12) / 127                              # [N]
+            self.packed = (w.float() / s[:, None]).round_().clamp_(-127, 127).to(torch.int8).contiguous()
+            self.s = s.to(w.dtype)
+        elif pack and w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) \
                 and torch.backends.mkldnn.is_available():
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w, ROWS)
@@ -82,9 +94,29 @@ class Dense:
             except (RuntimeError, AttributeError):   # a build without these ops: the plain product
                 pass
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """What `_product` takes: the prepared weight, or W itself."""
+        return self.w if self.packed is None else self.packed
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        packed = self.packed is not None
-        return _dense(x, self.packed if packed else self.w, self.b, packed, MAX_ROWS, ROWS)
+        return _dense(x, self.weight, self.s, self.b, self.packed is not None, MAX_ROWS, ROWS)
+
+
+@functools.lru_cache(maxsize=None)
+def int8_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether Dense(int8=True) takes int8 weights there: on the CPU only (on a GPU a draft's products are no
+    bottleneck), with bf16 activations (with fp32 ones ATen's int8 product took 18x the bf16 time and 5x a plain
+    fp32 product, 2 rows x 576 x 4096, AMD EPYC), where this build of torch has the kernel (probed once)."""
+    if device.type != "cpu" or dtype != torch.bfloat16 or not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        return False
+    try:
+        torch.ops.aten._weight_int8pack_mm(torch.zeros(1, 32, dtype=dtype, device=device),
+                                           torch.zeros(8, 32, dtype=torch.int8, device=device),
+                                           torch.ones(8, dtype=dtype, device=device))
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 @dataclass
@@ -96,6 +128,12 @@ class Block:
     ln2: torch.Tensor                 # [H]
     gu: Dense                         # [2 I, H]
     down: Dense                       # [H, I]
+
+
+    def int8(self) -> "Block":
+        """The same layer with int8 product weights (Dense's int8), for a draft that runs it."""
+        q = lambda d: Dense(d.w, d.b, int8=True)                                         # noqa: E731
+        return Block(self.ln1, q(self.qkv), q(self.o), self.ln2, q(self.gu), q(self.down))
 
 
 @dataclass
@@ -133,18 +171,19 @@ def _fuse(mods: list) -> tuple[torch.Tensor, torch.Tensor | None]:
     return w, b
 
 
-def block_of(layer, pack: bool = True) -> Block:
-    """A transformers Llama/Mistral/Qwen2 decoder layer -> its weights (shared with the module)."""
+def block_of(layer, pack: bool = True, int8: bool = False) -> Block:
+    """A transformers Llama/Mistral/Qwen2 decoder layer -> its weights (shared with the module; int8: a draft's,
+    Dense's int8 copies)."""
     a, m = layer.self_attn, layer.mlp
     wqkv, bqkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
     wgu, bgu = _fuse([m.gate_proj, m.up_proj])
     if bgu is not None or m.down_proj.bias is not None:
         raise Unsupported("MLP biases (mlp_bias) are not covered")
     bo = None if a.o_proj.bias is None else a.o_proj.bias.detach()
-    return Block(layer.input_layernorm.weight.detach(), Dense(wqkv, bqkv, pack),
-                 Dense(a.o_proj.weight.detach(), bo, pack), layer.post_attention_layernorm.weight.detach(),
-                 Dense(wgu, None, pack),
-                 Dense(m.down_proj.weight.detach(), None, pack))
+    return Block(layer.input_layernorm.weight.detach(), Dense(wqkv, bqkv, pack, int8),
+                 Dense(a.o_proj.weight.detach(), bo, pack, int8), layer.post_attention_layernorm.weight.detach(),
+                 Dense(wgu, None, pack, int8),
+                 Dense(m.down_proj.weight.detach(), None, pack, int8))
 
 
 def check_arch(config) -> None:
@@ -233,17 +272,23 @@ class Forward:
         self._scale = torch.tensor([head_dim ** -0.5] * n_heads + [1.0] * n_kv, device=self.device)[:, None]
         # every product packed (the CPU): the one-row chain runs in _span_layers; its weights, layer by layer
         self._w = None
+        # a network of int8 products only (a draft model) needs no row padding: they compute each row alone
+        self.pad = 1 if all(d.s is not None for b in blocks for d in (b.qkv, b.o, b.gu, b.down)) \
+            and head.s is not None else ROWS
         if all(d.packed is not None for b in blocks for d in (b.qkv, b.o, b.gu, b.down)):
             self._w = ([b.ln1 for b in blocks], [b.qkv.packed for b in blocks], [b.qkv.b for b in blocks],
                        [b.o.packed for b in blocks], [b.o.b for b in blocks], [b.ln2 for b in blocks],
-                       [b.gu.packed for b in blocks], [b.down.packed for b in blocks])
+                       [b.gu.packed for b in blocks], [b.down.packed for b in blocks],
+                       [[d.s for d in (b.qkv, b.o, b.gu, b.down)] for b in blocks])
 
     @classmethod
-    def from_model(cls, model, head: torch.Tensor | None = None, vocab=None, pack: bool = True) -> "Forward":
+    def from_model(cls, model, head: torch.Tensor | None = None, vocab=None, pack: bool = True,
+                   int8: bool = False) -> "Forward":
         """From a transformers causal LM: its embedding, decoder layers, final norm and head weight
         (default its LM head's; `vocab` when the head holds only a draft vocabulary's rows). `pack=False`
         keeps torch's plain products: then, in fp32, the logits equal transformers' eager forward bit for
-        bit (oneDNN's packed products sum in another order: equal to about 1e-4)."""
+        bit (oneDNN's packed products sum in another order: equal to about 1e-4). int8: a draft model's
+        products with int8 weights (Dense)."""
         check_arch(model.config)
         inner = model.get_decoder()
         rot = getattr(inner, "rotary_emb", None)
@@ -253,7 +298,8 @@ class Forward:
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         head = model.get_output_embeddings().weight.detach() if head is None else head
         emb = inner.get_input_embeddings().weight.detach()
-        return cls(emb, [block_of(l, pack) for l in inner.layers], inner.norm.weight.detach(), Dense(head, None, pack),
+        return cls(emb, [block_of(l, pack, int8) for l in inner.layers], inner.norm.weight.detach(),
+                   Dense(head, None, pack, int8),
                    vocab, cfg.num_attention_heads, cfg.num_key_value_heads, hd, cfg.rms_norm_eps,
                    rot.inv_freq.to(emb.device), getattr(rot, "attention_scaling", 1.0))
 
@@ -446,7 +492,7 @@ class Forward:
         one = len(set(rows)) == 1 and bool((slots[1:] - slots[:-1] == 1).all())   # one row, consecutive slots
         r0, s0 = rows[0], int(slots[0])
         rows_t = torch.tensor(rows, device=dev)
-        Np = N + (-N % ROWS)    # pad once: every product below then has a multiple of ROWS rows
+        Np = N + (-N % self.pad)    # pad once: every product below then has a multiple of ROWS rows (self.pad)
         if Np > N:
             ids = torch.cat([ids, ids.new_zeros(Np - N)])
             pos = torch.cat([pos, pos[:1].expand(Np - N)])
@@ -638,26 +684,32 @@ def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: in
 
 
 @_script
-def _product(x: torch.Tensor, w: torch.Tensor, packed: bool) -> torch.Tensor:
+def _product(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], packed: bool) -> torch.Tensor:
+    """x @ W^T in W's dtype: W int8 with row scales s, oneDNN-packed, or plain (Dense.weight, Dense.s)."""
+    if s is not None:
+        return torch.ops.aten._weight_int8pack_mm(x, w, s)
     if packed:
         return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
     return torch.nn.functional.linear(x, w)
 
 
 @_script
-def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], packed: bool, max_rows: int,
-           rows: int) -> torch.Tensor:
-    """y = x @ W^T (+ b), W packed for oneDNN or plain: rows padded to a multiple of `rows`, and bf16 products
-    in chunks of at most max_rows rows (Dense's docstring and the module's say why)."""
+def _dense(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: Optional[torch.Tensor], packed: bool,
+           max_rows: int, rows: int) -> torch.Tensor:
+    """y = x @ W^T (+ b), W int8, packed for oneDNN or plain: rows padded to a multiple of `rows`, and bf16
+    products in chunks of at most max_rows rows (Dense's docstring and the module's say why); int8 products
+    as they come."""
     n = x.shape[0]
-    if n > max_rows and x.dtype != torch.float32:
+    if s is not None:   # int8: the product computes each row alone, padded or not (Dense)
+        y = _product(x, w, s, packed)
+    elif n > max_rows and x.dtype != torch.float32:
         parts: List[torch.Tensor] = []
         for i in range(0, n, max_rows):
             xi = x[i:i + max_rows]
-            parts.append(_product(_pad_to(xi, rows), w, packed)[:xi.shape[0]])
+            parts.append(_product(_pad_to(xi, rows), w, s, packed)[:xi.shape[0]])
         y = torch.cat(parts)
     else:
-        y = _product(_pad_to(x, rows), w, packed)[:n]
+        y = _product(_pad_to(x, rows), w, s, packed)[:n]
     return y if b is None else y + b
 
 
@@ -666,7 +718,8 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
                  biases: List[torch.Tensor], starts: List[int], counts: List[int], key_lens: List[int],
                  ln1: List[torch.Tensor], qkv_w: List[torch.Tensor], qkv_b: List[Optional[torch.Tensor]],
                  o_w: List[torch.Tensor], o_b: List[Optional[torch.Tensor]], ln2: List[torch.Tensor],
-                 gu_w: List[torch.Tensor], down_w: List[torch.Tensor], ks: List[torch.Tensor],
+                 gu_w: List[torch.Tensor], down_w: List[torch.Tensor], sc: List[List[Optional[torch.Tensor]]],
+                 ks: List[torch.Tensor],
                  vs: List[torch.Tensor], row: int, s0: int, N: int, Hq: int, Hkv: int, D: int, eps: float,
                  max_rows: int, t_idx: List[torch.Tensor], t_S: List[int], t_Sk: List[int], t_base: List[int],
                  t_gather: List[torch.Tensor], t_bias: List[torch.Tensor], t_inv: List[Optional[torch.Tensor]],
@@ -675,12 +728,13 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
     """Forward._layers for one row whose N tokens take consecutive slots from s0: chain groups, each a span of
     queries [start, start + count) over key_lens slots (slot == position), and tree groups (t_*: a TreePlan's
     fields, the nodes t_idx, consecutive from t_first or -1), the same ops in the same order (so the same bits),
-    with no Python between them.
+    with no Python between them. sc[l]: layer l's int8 row scales of qkv, o, gate|up and down (Dense.s; None
+    where a product is not int8: always, for a target).
     x [Np, H] embedded, padded to a multiple of ROWS."""
     Np = x.shape[0]
     G = Hq // Hkv
     for l in range(len(ln1)):
-        qkv = _dense(_rms_norm(x, ln1[l], eps), qkv_w[l], qkv_b[l], True, max_rows, rows)  # [Np, (Hq+2Hkv) D]
+        qkv = _dense(_rms_norm(x, ln1[l], eps), qkv_w[l], sc[l][0], qkv_b[l], True, max_rows, rows)  # [Np, ..]
         qk = _rotate(qkv[:, :(Hq + Hkv) * D].float().view(Np, Hq + Hkv, D), cos, sin) * scale
         ks[l][row, :, s0:s0 + N] = qk[:N, Hq:].transpose(0, 1)
         vs[l][row, :, s0:s0 + N] = qkv[:N, (Hq + Hkv) * D:].view(N, Hkv, D).transpose(0, 1)
@@ -709,7 +763,7 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
             else:
                 out[t_idx[j]] = o
         att = out.reshape(Np, Hq * D).to(x.dtype)
-        x = x + _dense(att, o_w[l], o_b[l], True, max_rows, rows)
-        gu = _dense(_rms_norm(x, ln2[l], eps), gu_w[l], None, True, max_rows, rows).chunk(2, -1)   # [Np, I] each
-        x = x + _dense(torch.nn.functional.silu(gu[0]) * gu[1], down_w[l], None, True, max_rows, rows)
+        x = x + _dense(att, o_w[l], sc[l][1], o_b[l], True, max_rows, rows)
+        gu = _dense(_rms_norm(x, ln2[l], eps), gu_w[l], sc[l][2], None, True, max_rows, rows).chunk(2, -1)  # [Np, I]
+        x = x + _dense(torch.nn.functional.silu(gu[0]) * gu[1], down_w[l], sc[l][3], None, True, max_rows, rows)
     return x

@@ -401,13 +401,13 @@ def test_a_sized_tree_stops_drafting_when_no_deeper_level_can_pay(one_thread):
 
 
 def test_int8_head_products_round_within_half_a_step_per_weight():
-    """packed.Int8: each weight rounds to the nearest of 255 steps of its row's scale, so a product is off by at
+    """Dense's int8: each weight rounds to the nearest of 255 steps of its row's scale, so a product is off by at
     most sum_k |x_k| * scale / 2 (plus the output dtype's rounding); the EAGLE head drafts with it on the CPU."""
-    from specdec_core.drafters.packed import Int8, mm
+    from specdec_core.drafters.packed import mm, product
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(96, 64, generator=g), torch.randn(5, 64, generator=g)
-    q = Int8(w)
-    assert q.q.dtype == torch.int8 and q.q.abs().max() == 127
+    q = product(w, int8=True)
+    assert q.packed.dtype == torch.int8 and q.packed.abs().max() == 127
     bound = x.abs().sum(-1, keepdim=True) * q.s[None] / 2                    # [5, 96]
     err = (mm(q, x) - x @ w.T).abs()
     assert (err <= bound + 1e-4).all() and err.max() > 0

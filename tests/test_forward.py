@@ -281,6 +281,44 @@ def test_batched_greedy_equals_plain_for_every_drafter(bundled, batch, name):
     assert res.tokens == alone
 
 
+def test_an_int8_draft_network_is_batch_invariant_without_padding(bundled):
+    """A draft model's int8 products (Dense(int8=True), bf16 activations) compute each row alone: its forward pads
+    no rows, and still scores a position the same alone, in a chain, or as a row of a batch; the scripted loop
+    and the op-by-op one agree bit for bit; int8 is never taken with fp32 activations (much slower there)."""
+    from specdec_core.forward import Dense, Forward, int8_ok
+    if not int8_ok(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("this build of torch has no CPU int8 weight product")
+    assert not int8_ok(torch.device("cpu"), torch.float32) and Dense(torch.randn(8, 32), int8=True).s is None
+    full = Forward.from_model(bundled.model, int8=True)
+    f = full.derive(full.blocks[:2], full.norm, full.head)                 # two layers: a draft-sized network
+    assert f.pad == 1 and f._w is not None and all(b.qkv.packed.dtype == torch.int8 for b in f.blocks)
+    ids = bundled.encode(TEXT).tolist()
+    ctx, new = ids[:-9], ids[-9:]
+    score = lambda c, toks: f.append(torch.tensor(toks), c)               # noqa: E731
+    c = f.new_cache()
+    score(c, ctx)
+    alone = torch.cat([score(c, [t]) for t in new])                                    # one-token steps
+    for k in (1, 4, 8):
+        c = f.new_cache()
+        score(c, ctx)
+        assert torch.equal(score(c, new[:k + 1]), alone[:k + 1]), f"k={k}"
+    scripted, c = f._w, f.new_cache()
+    try:
+        f._w = None
+        score(c, ctx)
+        assert torch.equal(torch.cat([score(c, [t]) for t in new[:3]]), alone[:3])     # the op-by-op loop
+    finally:
+        f._w = scripted
+    seqs = [ctx, ids[:20]]                                                             # rows of a batch
+    c = f.new_cache(batch=2)
+    f(torch.tensor(seqs[0] + seqs[1]), [0] * len(seqs[0]) + [1] * 20,
+      torch.tensor(list(range(len(seqs[0]))) + list(range(20))), c)
+    c.set_length(0, len(ctx))
+    c.set_length(1, 20)
+    got = f(torch.tensor(new[:2] + ids[20:22]), [0, 0, 1, 1], torch.tensor([len(ctx), len(ctx) + 1, 20, 21]), c)
+    assert torch.equal(got[:2], alone[:2])
+
+
 def test_the_scripted_one_row_loop_is_the_op_by_op_loop(either):
     """A one-row chain (prefill past MAX_ROWS, a chunk crossing a key block, decode steps) runs in the scripted
     loop (_span_layers); the same calls through the op-by-op loop give the same logits and cache, bit for bit."""

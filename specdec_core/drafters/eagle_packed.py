@@ -23,7 +23,7 @@ on 73%).
 
 What is left is mostly reading weights: a level reads fc, the layer and the 8192-row LM head, about 18 MB
 in bf16, and a 5-deep tree runs 5 calls. So on the CPU (`int8=True`, Eagle's default there) every weight is
-stored in int8 with a scale per output row (packed.Int8: half the bytes, ATen's weight-only int8 product, the
+stored in int8 with a scale per output row (forward.Dense's int8: half the bytes, ATen's weight-only int8 product, the
 activations in the model dtype). Measured on a 2-core AMD EPYC (avx512_bf16, no AMX), the bundled target, the
 fresh code and JSON prompts side by side: the draft 3.21 ms a step against 4.42 with bf16 weights, 3.39 tokens
 a step against 3.37, 148 against 136 tokens/s. The product is ATen's own vectorized loop, not a oneDNN or AMX
@@ -36,7 +36,7 @@ import torch
 from typing import List, Optional, Tuple
 
 from ..forward import _script, mask_bias
-from .packed import Int8, parts, product, product_of
+from .packed import parts, product, product_of
 
 
 def grown(t: torch.Tensor, dim: int, rows: int, keep: int) -> torch.Tensor:
@@ -71,7 +71,7 @@ class PackedHead:
                  int8: bool = False, ids: torch.Tensor | None = None):
         """head: an eagle.Head (its weights are copied, in `dtype`); embed [V, H]: the target's token embedding;
         lm_w [v, H]: the target's LM-head rows for the draft vocabulary, ids [v] their target ids (None: all V).
-        int8: the products' weights in int8 where packed.int8_ok (the CPU, with the kernel)."""
+        int8: the products' weights in int8 where forward.int8_ok (the CPU, with the kernel)."""
         dev = embed.device
         w = lambda *mods: torch.cat([m.weight.detach() for m in mods]).to(dev, dtype).contiguous()   # noqa: E731
         f32 = lambda t: t.detach().to(dev, torch.float32)                                            # noqa: E731
@@ -84,7 +84,7 @@ class PackedHead:
         self.gu = P(w(head.gate, head.up))                                                 # [2 I, H]
         self.down = P(w(head.down))                                                        # [H, I]
         self.lm = P(lm_w.detach().to(dev, dtype).contiguous())                            # [v, H]
-        self.int8 = isinstance(self.lm, Int8)
+        self.int8 = self.lm.s is not None
         self.ln1, self.ln2, self.norm = f32(head.ln1), f32(head.ln2), f32(head.norm)
         ps = [parts(d) for d in (self.fc, self.qkv, self.o, self.gu, self.down, self.lm)]     # _rows' order
         self._w = ([p[0] for p in ps], [p[1] for p in ps], [p[2] for p in ps], [p[3] for p in ps],

@@ -73,9 +73,9 @@ def ranked(heads: Heads, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tens
 class PackedHeads:
     """The first n heads for drafting: all n blocks as one packed product (they all read the same h: their
     weights stacked [n H, H]) and the shared LM head's draft-vocabulary rows packed, both in the target's
-    dtype (forward.Dense, packed.mm), or with int8 weights where packed.int8_ok (packed.Int8: half the bytes;
-    the CPU, as EAGLE's head). `Heads` stays the module training runs; this computes what `ranked` computes on it, up to the
-    products' rounding."""
+    dtype (forward.Dense, packed.mm), or with int8 weights where forward.int8_ok (Dense's int8: half the
+    bytes; the CPU, as EAGLE's head). `Heads` stays the module training runs; this computes what `ranked`
+    computes on it, up to the products' rounding."""
 
     def __init__(self, heads: Heads, w: torch.Tensor, n: int, dtype: torch.dtype, int8: bool = False):
         H = heads.w.shape[-1]
