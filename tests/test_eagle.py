@@ -414,3 +414,16 @@ def test_int8_head_products_round_within_half_a_step_per_weight():
     tgt = tiny_lm(0)
     assert Eagle(tgt, _random_head(tgt), manifest={}).fast.int8
     assert not Eagle(tgt, _random_head(tgt), manifest={}, int8=False).fast.int8
+
+
+def test_narrowing_the_vocabulary_refuses_a_size_it_cannot_narrow_to(tmp_path, capsys):
+    """`train eagle --narrow N` keeps fewer tokens than the head has, and says so before touching the weights."""
+    import shutil
+    from specdec_core.training import eagle as train
+    for p in (WEIGHTS, MANIFEST):
+        shutil.copy(p, tmp_path / p.name)
+    before = (tmp_path / WEIGHTS.name).read_bytes()
+    n = json.loads(MANIFEST.read_text())["vocab"]["size"]
+    with pytest.raises(SystemExit, match=f"--narrow {n}: want fewer tokens than the head's draft vocabulary \\({n}\\)"):
+        train.main(["--narrow", str(n), "--out", str(tmp_path), "--threads", "1"])
+    assert (tmp_path / WEIGHTS.name).read_bytes() == before

@@ -50,8 +50,8 @@ from .lookup import PromptLookup
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "eagle.safetensors"
-_NEG = float("-inf")
 MANIFEST = WEIGHTS.with_name("eagle.manifest.json")
+_NEG = float("-inf")
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
