@@ -51,7 +51,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-def _script(fn):
+def scripted(fn):
     """torch.jit.script, without its deprecation warning (see the module docstring's Speed)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -96,7 +96,7 @@ class Dense:
 
     @property
     def weight(self) -> torch.Tensor:
-        """What `_product` takes: the prepared weight, or W itself."""
+        """What `weight_product` takes: the prepared weight, or W itself."""
         return self.w if self.packed is None else self.packed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -595,7 +595,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
     return _attention_rows(q, k, v, bias, ROWS)
 
 
-@_script
+@scripted
 def _pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
     """pad_rows for TorchScript: zero rows along dim -2 up to a multiple of rows (ROWS, passed at call time)."""
     extra = -x.shape[-2] % rows
@@ -606,14 +606,14 @@ def _pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(shape)], -2)
 
 
-@_script
+@scripted
 def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm in fp32, back to x's dtype, then the weight (transformers' LlamaRMSNorm, op for op)."""
     xf = x.float()
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-@_script
+@scripted
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, h, D] fp32 rotated by its position's angles (the half-split layout transformers uses):
     [a, b] -> [a cos - b sin, b cos + a sin], with cos = [c, c] and sin = [-s, s] from the table."""
@@ -621,7 +621,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([x[..., h:], x[..., :h]], -1) * sin
 
 
-@_script
+@scripted
 def _attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, rows: int) -> torch.Tensor:
     """softmax(q k^T + bias) v over the last two dims, fp32: q [.., R, D] (pre-scaled), k, v [.., S, D],
     bias [.., R', S] (mask_bias) with R' = R padded to a multiple of rows."""
@@ -630,7 +630,7 @@ def _attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
     return (torch.softmax(s.add_(bias), -1) @ v)[..., :R, :]
 
 
-@_script
+@scripted
 def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: int, S: int, Sk: int, base: int,
                     gather: torch.Tensor, bias: torch.Tensor, inv: Optional[torch.Tensor],
                     slow: Optional[torch.Tensor], slow_gather: Optional[torch.Tensor], rescore: bool,
@@ -683,8 +683,8 @@ def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: in
     return o.transpose(0, 1).reshape(n, Hq, D)
 
 
-@_script
-def _product(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], packed: bool) -> torch.Tensor:
+@scripted
+def weight_product(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], packed: bool) -> torch.Tensor:
     """x @ W^T in W's dtype: W int8 with row scales s, oneDNN-packed, or plain (Dense.weight, Dense.s)."""
     if s is not None:
         return torch.ops.aten._weight_int8pack_mm(x, w, s)
@@ -693,7 +693,7 @@ def _product(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], packed
     return torch.nn.functional.linear(x, w)
 
 
-@_script
+@scripted
 def _dense(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: Optional[torch.Tensor], packed: bool,
            max_rows: int, rows: int) -> torch.Tensor:
     """y = x @ W^T (+ b), W int8, packed for oneDNN or plain: rows padded to a multiple of `rows`, and bf16
@@ -701,19 +701,19 @@ def _dense(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: Optio
     as they come."""
     n = x.shape[0]
     if s is not None:   # int8: the product computes each row alone, padded or not (Dense)
-        y = _product(x, w, s, packed)
+        y = weight_product(x, w, s, packed)
     elif n > max_rows and x.dtype != torch.float32:
         parts: List[torch.Tensor] = []
         for i in range(0, n, max_rows):
             xi = x[i:i + max_rows]
-            parts.append(_product(_pad_to(xi, rows), w, s, packed)[:xi.shape[0]])
+            parts.append(weight_product(_pad_to(xi, rows), w, s, packed)[:xi.shape[0]])
         y = torch.cat(parts)
     else:
-        y = _product(_pad_to(x, rows), w, s, packed)[:n]
+        y = weight_product(_pad_to(x, rows), w, s, packed)[:n]
     return y if b is None else y + b
 
 
-@_script
+@scripted
 def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: torch.Tensor,
                  biases: List[torch.Tensor], starts: List[int], counts: List[int], key_lens: List[int],
                  ln1: List[torch.Tensor], qkv_w: List[torch.Tensor], qkv_b: List[Optional[torch.Tensor]],

@@ -35,7 +35,7 @@ import torch
 
 from typing import List, Optional, Tuple
 
-from ..forward import _script, mask_bias
+from ..forward import scripted, mask_bias
 from .packed import parts, product, product_of
 
 
@@ -134,7 +134,7 @@ class PackedHead:
 
 
 
-@_script
+@scripted
 def _rows(f: torch.Tensor, e: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
           k: torch.Tensor, v: torch.Tensor, R0: int, w: List[torch.Tensor], s: List[Optional[torch.Tensor]],
           b: List[Optional[torch.Tensor]], packed: List[bool], ln1: torch.Tensor, ln2: torch.Tensor,

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..forward import Dense, _product, _script
+from ..forward import Dense, weight_product, scripted
 
 
 def product(w: torch.Tensor, int8: bool = False) -> Dense:
@@ -31,11 +31,11 @@ def parts(d: Dense) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torc
     return d.weight, d.s, d.b, d.packed is not None
 
 
-@_script
+@scripted
 def product_of(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: Optional[torch.Tensor],
                packed: bool) -> torch.Tensor:
     """x [m, in] @ W^T (+ b) in W's dtype, rows unpadded (`parts`)."""
-    y = _product(x, w, s, packed)
+    y = weight_product(x, w, s, packed)
     return y if b is None else y + b
 
 
