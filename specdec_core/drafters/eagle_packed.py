@@ -35,7 +35,7 @@ import torch
 
 from typing import List, Optional, Tuple
 
-from ..forward import scripted, mask_bias
+from ..forward import mask_bias, scripted
 from .packed import parts, product, product_of
 
 

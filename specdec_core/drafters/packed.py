@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..forward import Dense, weight_product, scripted
+from ..forward import Dense, scripted, weight_product
 
 
 def product(w: torch.Tensor, int8: bool = False) -> Dense:
