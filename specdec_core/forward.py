@@ -129,7 +129,6 @@ class Block:
     gu: Dense                         # [2 I, H]
     down: Dense                       # [H, I]
 
-
     def int8(self) -> "Block":
         """The same layer with int8 product weights (Dense's int8), for a draft that runs it."""
         q = lambda d: Dense(d.w, d.b, int8=True)                                         # noqa: E731
@@ -492,7 +491,7 @@ class Forward:
         one = len(set(rows)) == 1 and bool((slots[1:] - slots[:-1] == 1).all())   # one row, consecutive slots
         r0, s0 = rows[0], int(slots[0])
         rows_t = torch.tensor(rows, device=dev)
-        Np = N + (-N % self.pad)    # pad once: every product below then has a multiple of ROWS rows (self.pad)
+        Np = N + (-N % self.pad)    # pad once: every product below then has a multiple of ROWS rows (of 1: int8)
         if Np > N:
             ids = torch.cat([ids, ids.new_zeros(Np - N)])
             pos = torch.cat([pos, pos[:1].expand(Np - N)])

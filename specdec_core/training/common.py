@@ -187,8 +187,7 @@ def write_manifest(kind: str, a, argv, path: Path, manifest: dict) -> None:
     import transformers
     manifest.update(
         kind=kind, command="python -m specdec_core train " + " ".join([kind] + [shlex.quote(x) for x in argv]),
-        seed=a.seed, weights=path.name, weights_bytes=path.stat().st_size,
-        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        seed=a.seed, **weights_record(path),
         versions=dict(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version()),
         threads=torch.get_num_threads())
     out = path.with_name(f"{kind}.manifest.json")
@@ -199,9 +198,16 @@ def write_manifest(kind: str, a, argv, path: Path, manifest: dict) -> None:
           f"acceptance rate {m['acceptance_rate']}")
 
 
+def weights_record(path: Path) -> dict:
+    """What a manifest says of its weights file: name, bytes, sha256 (tests check the shipped file against it)."""
+    return dict(weights=path.name, weights_bytes=path.stat().st_size,
+                sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+
+
 def rewrite_manifest(kind: str, folder: Path, fields: dict, command: str) -> dict:
-    """`train KIND --retree`: the manifest in `folder` with `fields` chosen again and the command that did it
-    (`tree_command`), written back; the weights are untouched. Returns it."""
+    """`train KIND --retree` (or `--narrow`): the manifest in `folder` with `fields` chosen again and the command
+    that did it (`tree_command`), written back; `fields` carry weights_record where the weights changed. Returns
+    it."""
     path = folder / f"{kind}.manifest.json"
     man = json.loads(path.read_text())
     man.update(fields, tree_command=command)

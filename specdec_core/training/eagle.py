@@ -37,7 +37,7 @@ from ..drafters import target_record
 from ..drafters.eagle import Eagle, Head, head_weight, load_head
 from . import distill
 from .common import (WEIGHTS, acceptance, add_temps, data, load_target, make_vocab, prepare, rewrite_manifest,
-                     schedule, target_step_cost, time_forward, write_manifest)
+                     schedule, target_step_cost, time_forward, weights_record, write_manifest)
 from .medusa import hidden_states
 
 W_CE = 1.0                                   # weight of the distribution loss against the feature loss
@@ -294,9 +294,14 @@ def retree(a) -> int:
     re-measured (after a change to how trees are sized or verified, or on another machine)."""
     lm = load_target(a.threads)
     head, _ = load_head(lm.model, a.out / "eagle.safetensors")
-    rewrite_manifest("eagle", a.out, pick_tree(lm, head, a), "python -m specdec_core train eagle --retree --trees "
-                     + ",".join("x".join(map(str, t)) for t in a.trees) + (" --fixed" if a.fixed else ""))
+    rewrite_manifest("eagle", a.out, pick_tree(lm, head, a), "python -m specdec_core train eagle --retree"
+                     + _tree_args(a))
     return 0
+
+
+def _tree_args(a) -> str:
+    """The tree options of a --retree or --narrow run, as its command line gives them."""
+    return " --trees " + ",".join("x".join(map(str, t)) for t in a.trees) + (" --fixed" if a.fixed else "")
 
 
 def narrow(a) -> int:
@@ -305,7 +310,6 @@ def narrow(a) -> int:
     its LM head is a subset of the rows it learned to rank, so a level's products and top-k read fewer bytes
     (FR-Spec's point: the rare tokens seldom make an accepted draft). The vocabulary in the weights file is
     rewritten, then the tree is chosen again and the manifest says what changed."""
-    import hashlib
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
     lm = load_target(a.threads)
@@ -314,7 +318,7 @@ def narrow(a) -> int:
     if head.vocab is None or not 1 <= a.narrow < len(head.vocab.ids):
         raise SystemExit(f"--narrow {a.narrow}: want fewer tokens than the head's draft vocabulary "
                          f"({'none' if head.vocab is None else len(head.vocab.ids)})")
-    rows, desc = data(lm, a.n_prompts, [float(x) for x in a.temps.split(",")])
+    rows, _ = data(lm, a.n_prompts, [float(x) for x in a.temps.split(",")])
     vocab = make_vocab(lm, rows, a.narrow, within=head.vocab)
     cover = lambda v: round(v.coverage([r[0] for r in rows], [r[1] for r in rows]), 4)   # noqa: E731
     before = dict(size=len(head.vocab.ids), train_coverage=cover(head.vocab))
@@ -322,20 +326,15 @@ def narrow(a) -> int:
         meta = f.metadata()
     save_file({**load_file(str(path)), **vocab.state()}, str(path), metadata=meta)
     shipped, _ = load_head(lm.model, path)
-    picked = pick_tree(lm, shipped, a)
-    command = "python -m specdec_core train eagle --narrow " + f"{a.narrow} --temps {a.temps} --trees " + \
-        ",".join("x".join(map(str, t)) for t in a.trees) + (" --fixed" if a.fixed else "")
-    man_path = a.out / "eagle.manifest.json"
-    man = json.loads(man_path.read_text())
-    man.update(picked, tree_command=command, weights_bytes=path.stat().st_size,
-               sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-               vocab=dict(size=len(vocab.ids), train_coverage=cover(vocab),
-                          how=f"narrowed ({command}) from the {before['size']} tokens the head was trained over "
-                              f"(train coverage {before['train_coverage']}): the {a.narrow} of them with the most "
-                              "target mass over the training answers (training/common.py make_vocab); the head's "
-                              "weights unchanged", trained_over=man.get("vocab", {})))
-    man_path.write_text(json.dumps(man, indent=1) + "\n")
+    command = f"python -m specdec_core train eagle --narrow {a.narrow} --temps {a.temps}" + _tree_args(a)
+    trained_over = json.loads((a.out / "eagle.manifest.json").read_text()).get("vocab", {})
+    man = rewrite_manifest("eagle", a.out, dict(
+        pick_tree(lm, shipped, a), **weights_record(path),
+        vocab=dict(size=len(vocab.ids), train_coverage=cover(vocab),
+                   how=f"narrowed ({command}) from the {before['size']} tokens the head was trained over (train "
+                       f"coverage {before['train_coverage']}): the {a.narrow} of them with the most target mass over "
+                       "the training answers (training/common.py make_vocab); the head's weights unchanged",
+                   trained_over=trained_over)), command)
     print(f"draft vocabulary {before['size']} -> {len(vocab.ids)} tokens (train coverage {before['train_coverage']} "
-          f"-> {cover(vocab)}); tree {man['tree']}: held-out mean acceptance length "
-          f"{man['acceptance']['mean_acceptance_length']}")
+          f"-> {man['vocab']['train_coverage']})")
     return 0
