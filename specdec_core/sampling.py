@@ -51,7 +51,7 @@ def probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
     logits = logits.float()
     if sp.greedy:
         out = torch.zeros_like(logits)
-        return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return out.scatter_(-1, argmax(logits).unsqueeze(-1), 1.0)
     logits = logits / sp.temperature
     if sp.top_k and sp.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sp.top_k, dim=-1).values[..., -1:]
@@ -69,8 +69,28 @@ def sample(p: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     """Draw one token id per row of [..., V] probabilities. A one-hot row (greedy) is its argmax: the same
     draw, without multinomial's pass over the whole vocabulary (about 1 ms here)."""
     flat = p.reshape(-1, p.shape[-1])
-    top, idx = flat.max(-1)
-    if bool((top == 1.0).all()):
-        return idx.reshape(p.shape[:-1])
+    if bool((flat.amax(-1) == 1.0).all()):
+        return argmax(flat).reshape(p.shape[:-1])
     out = torch.multinomial(flat, 1, generator=gen).squeeze(-1)
     return out.reshape(p.shape[:-1])
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """x [..., V] -> [...] the index of each row's first maximum, exactly torch.argmax's (NaN counts as the
+    largest, as there). On the CPU argmax's kernel is not vectorized over the last dim (measured: 69 us a row of
+    49,152 floats, 407 for twelve rows, against 7 us a row for amax; Intel Xeon with AMX), so a row is read in
+    blocks: the first block holding the maximum (argmax over the blocks' amax, which propagates NaN as argmax
+    ranks it), then the first maximum inside it. 58 us for twelve rows."""
+    V = x.shape[-1]
+    B = _block(V) if x.device.type == "cpu" and x.dim() > 0 else 0
+    if not B:
+        return x.argmax(-1)
+    rows = x.reshape(-1, V // B, B)                                              # [R, V/B, B]
+    blk = rows.amax(-1).argmax(-1)                                               # [R] the first block with it
+    inner = rows[torch.arange(rows.shape[0], device=x.device), blk].argmax(-1)   # [R] its first place there
+    return (blk * B + inner).reshape(x.shape[:-1])
+
+
+def _block(V: int) -> int:
+    """The block argmax reads rows of V in: a divisor of V between 128 and 1024, 0 when none (plain argmax)."""
+    return next((b for b in (1024, 768, 512, 384, 256, 128) if V % b == 0 and V > b), 0)

@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from specdec_core import InputError, SamplingParams
-from specdec_core.sampling import probs, sample
+from specdec_core.sampling import argmax, probs, sample
 
 P4 = torch.tensor([0.4, 0.3, 0.2, 0.1])
 
@@ -25,6 +25,23 @@ def test_greedy_is_one_hot_argmax():
     close(probs(logits, SamplingParams()), [[0, 1, 0, 0], [1, 0, 0, 0]])
     # top-k / top-p do not change a greedy pick
     close(probs(logits, SamplingParams(top_k=2, top_p=0.1)), [[0, 1, 0, 0], [1, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("V", [49152, 32000, 1000, 97, 5])
+def test_argmax_is_torchs_first_maximum(V):
+    """The blocked argmax gives torch.argmax's index on every row: ties (the first wins, also across blocks), a
+    maximum in the last block, -inf rows, NaN (ranked largest, as torch does), bf16 logits' many equal values."""
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(24, V, generator=g).bfloat16().float()                       # coarse: exact ties abound
+    x[1, :] = 0.0                                                                # all tied: index 0
+    x[2, -1] = 99.0                                                              # the very last entry
+    x[3, [V // 3, V - 2]] = 77.0                                                 # a tie in two blocks
+    x[4, :] = float("-inf")
+    x[5, V // 2] = float("nan")
+    x[6, [V - 1, V // 4]] = float("nan")                                         # the first NaN wins
+    x[7, V // 7] = float("inf")
+    for t in (x, x.bfloat16(), x[0], x.view(4, 6, V)):
+        assert torch.equal(argmax(t), t.argmax(-1)), t.shape
 
 
 def test_temperature():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..models import LM, check_compatible
-from ..sampling import probs, sample
+from ..sampling import argmax, probs, sample
 from ..verify import one_hot
 from . import DraftContext, Drafter, Proposal, entry
 
@@ -66,7 +66,7 @@ class CachedDraft(Drafter):
             # unsure (its own softmax, since at T = 0 q is one-hot): stop drafting here (policy.py)
             if i and ctx.stop_below and float(torch.softmax(logits.float(), -1).max()) < ctx.stop_below:
                 break
-            x = int(q.argmax()) if greedy else int(sample(q, ctx.gen))
+            x = int(argmax(q)) if greedy else int(sample(q, ctx.gen))
             if greedy and not ctx.sp.greedy:   # the guess came from a point mass: that is the q to verify against
                 q = one_hot(torch.tensor([x], device=q.device), q.shape[-1])[0]
             out.append(x)
