@@ -43,6 +43,14 @@ def machine() -> dict:
             "torch": torch.__version__}
 
 
+def kernels(flags) -> str:
+    """The family of bf16 kernels a CPU with these flags runs (oneDNN picks by them): "amx", "avx512_bf16" or
+    "other". Two CPUs of one family sum a bf16 product in the same order; across families the target's logits can
+    differ in their last bits, so a greedy text (and an acceptance measured on it) can differ too."""
+    flags = set(flags)
+    return "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "other"
+
+
 def keep(row: dict, keys: tuple[str, ...]) -> dict:
     """The row's JSON-ready fields of `keys` (numbers rounded, booleans and strings kept)."""
     out = {}

@@ -164,7 +164,9 @@ def target_step_cost(lm) -> float:
 
 
 def acceptance(lm, drafter, prompts: list[str], k: int, max_new: int) -> dict:
-    """Greedy engine runs on held-out prompts: mean acceptance length (bonus counted) and acceptance rate."""
+    """Greedy engine runs on held-out prompts: mean acceptance length (bonus counted) and acceptance rate, with the
+    CPU that measured them (its bf16 kernels decide the target's greedy texts: reference.kernels)."""
+    from ..bench.reference import machine
     from ..engine import run
     from ..sampling import SamplingParams
     per, steps, committed, drafted, accepted = [], 0, 0, 0, 0
@@ -176,8 +178,9 @@ def acceptance(lm, drafter, prompts: list[str], k: int, max_new: int) -> dict:
         per.append(dict(prompt=p, steps=len(recs), committed=c, drafted=d, accepted=a,
                         mean_acceptance_length=round(c / len(recs), 4)))
         steps, committed, drafted, accepted = steps + len(recs), committed + c, drafted + d, accepted + a
+    cpu = machine()
     return dict(forward=lm.forward_name, k=k, max_new_tokens=max_new, temperature=0.0, prompts=len(prompts),
-                mean_acceptance_length=round(committed / steps, 4),
+                cpu=cpu["cpu"], flags=cpu["flags"], mean_acceptance_length=round(committed / steps, 4),
                 acceptance_rate=round(accepted / max(drafted, 1), 4), per_prompt=per)
 
 

@@ -1,0 +1,28 @@
+"""Whether a re-run reproduces a trained drafter's manifest: its held-out acceptance, prompt by prompt, where this
+CPU runs the bf16 kernels the manifest was measured with (reference.kernels); on another family the target's
+greedy texts can differ in places, so there the mean is compared, one-sided: the shipped weights must draft at
+least about as well as recorded."""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from specdec_core.bench.reference import kernels, machine
+
+
+def same_kernels(acc: dict) -> bool:
+    """This CPU's bf16 kernel family is the one `acc` was measured with (a manifest that does not say is taken at
+    its word)."""
+    return "flags" not in acc or kernels(acc["flags"]) == kernels(machine()["flags"])
+
+
+def assert_reproduces(acc: dict, rows: list[dict], got: list[float], rel: float = 0.15, tol: float | None = None):
+    """got[i]: the mean acceptance length re-measured on rows[i]'s prompt. Per prompt within `rel` (or `tol`,
+    absolute) on the manifest's kernels; else the mean at least (1 - rel) of the recorded one."""
+    want = [r["mean_acceptance_length"] for r in rows]
+    if same_kernels(acc):
+        for w, g, r in zip(want, got, rows):
+            assert g == pytest.approx(w, rel=None if tol else rel, abs=tol), (r["prompt"], g, w)
+    else:
+        assert statistics.mean(got) >= (1 - rel) * statistics.mean(want), (acc.get("cpu"), got, want)
