@@ -81,10 +81,10 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     49,152 floats, 407 for twelve rows, against 7 us a row for amax; Intel Xeon with AMX), so a row is read in
     blocks: the first block holding the maximum (argmax over the blocks' amax, which propagates NaN as argmax
     ranks it), then the first maximum inside it. 58 us for twelve rows."""
-    V = x.shape[-1]
-    B = _block(V) if x.device.type == "cpu" and x.dim() > 0 else 0
+    B = _block(x.shape[-1]) if x.device.type == "cpu" and x.dim() > 0 else 0
     if not B:
-        return x.argmax(-1)
+        return x.argmax(-1) if x.dim() else x.argmax()
+    V = x.shape[-1]
     rows = x.reshape(-1, V // B, B)                                              # [R, V/B, B]
     blk = rows.amax(-1).argmax(-1)                                               # [R] the first block with it
     inner = rows[torch.arange(rows.shape[0], device=x.device), blk].argmax(-1)   # [R] its first place there

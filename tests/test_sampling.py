@@ -40,8 +40,9 @@ def test_argmax_is_torchs_first_maximum(V):
     x[5, V // 2] = float("nan")
     x[6, [V - 1, V // 4]] = float("nan")                                         # the first NaN wins
     x[7, V // 7] = float("inf")
-    for t in (x, x.bfloat16(), x[0], x.view(4, 6, V)):
+    for t in (x, x.bfloat16(), x[0], x.view(4, 6, V), x[:0]):
         assert torch.equal(argmax(t), t.argmax(-1)), t.shape
+    assert int(argmax(torch.tensor(3.0))) == 0
 
 
 def test_temperature():
