@@ -24,9 +24,10 @@ on 73%).
 What is left is mostly reading weights: a level reads fc, the layer and the draft-vocabulary LM head (8192
 rows then, 4096 now: drafters.md's EAGLE section), about 18 MB in bf16 then, and a 5-deep tree runs 5 calls.
 So on the CPU (`int8=True`, Eagle's default there) every weight is stored in int8 with a scale per output row
-(forward.Dense's int8: half the bytes, ATen's weight-only int8 product, the activations in the model dtype). Measured on a 2-core AMD EPYC (avx512_bf16, no AMX), the bundled target, the
-fresh code and JSON prompts side by side: the draft 3.21 ms a step against 4.42 with bf16 weights, 3.39 tokens
-a step against 3.37, 148 against 136 tokens/s. The product is ATen's own vectorized loop, not a oneDNN or AMX
+(forward.Dense's int8: half the bytes, ATen's weight-only int8 product, the activations in the model dtype).
+Measured on a 2-core AMD EPYC (avx512_bf16, no AMX), the bundled target, the fresh code and JSON prompts side by
+side: the draft 3.21 ms a step against 4.42 with bf16 weights, 3.39 tokens a step against 3.37, 148 against 136
+tokens/s. The product is ATen's own vectorized loop, not a oneDNN or AMX
 kernel, so a CPU with AMX runs the same code; at a few rows it is bound by the bytes it reads on either kind.
 """
 from __future__ import annotations
