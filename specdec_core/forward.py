@@ -503,7 +503,7 @@ class Forward:
             # one row, consecutive slots (a decode step, a chain verify, a tree, a prefill, a draft model's
             # step): the same ops in the same order, run by TorchScript's interpreter instead of Python
             ch, tr = [g for g in groups if g[0] == "chain"], [g[4] for g in groups if g[0] == "tree"]
-            x = _span_layers(x, cos, sin, scale, [g[5] for g in ch], [g[6][1] for g in ch], [g[6][2] for g in ch],
+            x = span_layers()(x, cos, sin, scale, [g[5] for g in ch], [g[6][1] for g in ch], [g[6][2] for g in ch],
                              [g[1] for g in ch], *self._w, cache.k, cache.v, r0, s0, N, Hq, Hkv, D, self.eps,
                              MAX_ROWS, [g[3] for g in groups if g[0] == "tree"], [t.S for t in tr],
                              [t.Sk for t in tr], [t.base for t in tr], [t.gather for t in tr], [t.bias for t in tr],
@@ -517,6 +517,14 @@ class Forward:
         logits = self.head(hs).float()
         logits = self.vocab.scatter(logits) if self.vocab is not None else logits
         return (logits, h) if hidden else logits
+
+
+@functools.lru_cache(maxsize=None)
+def span_layers():
+    """The one-row layer loop: native.py's C++ build of _span_layers where this machine has one (the same ATen
+    ops, so the same bits, without the interpreter), else the TorchScript function. Resolved once a process."""
+    from . import native
+    return native.span_layers() or _span_layers
 
 
 _IN_PLACE: dict = {}

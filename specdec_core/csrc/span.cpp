@@ -1,0 +1,158 @@
+// forward._span_layers in C++: the same ATen ops in the same order, so the same bits, without TorchScript's
+// interpreter between them (forward.py's module docstring says why each op is there; native.py loads this).
+// Keep it in step with _span_layers, _tree_attention, _attention_rows, _dense, _rms_norm, _rotate and _pad_to:
+// tests/test_native.py holds the two bitwise equal.
+#include <torch/extension.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+using at::Tensor;
+using at::indexing::Slice;
+using OptT = std::optional<Tensor>;
+using Tensors = std::vector<Tensor>;
+using OptTensors = std::vector<OptT>;
+using Ints = std::vector<int64_t>;
+
+static Tensor linear_packed(const Tensor& x, const Tensor& w) {
+  static auto op = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+      .typed<Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&, std::string_view,
+                    c10::List<std::optional<c10::Scalar>>, std::optional<std::string_view>)>();
+  return op.call(x, w, std::nullopt, "none", c10::List<std::optional<c10::Scalar>>(), std::string_view(""));
+}
+
+static Tensor pad_to(const Tensor& x, int64_t rows) {
+  const int64_t extra = (rows - x.size(-2) % rows) % rows;
+  if (extra == 0) return x;
+  auto shape = x.sizes().vec();
+  shape[shape.size() - 2] = extra;
+  return at::cat({x, x.new_zeros(shape)}, -2);
+}
+
+static Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  auto xf = x.to(at::kFloat);
+  return w * (xf * at::rsqrt(xf.pow(2).mean({-1}, true) + eps)).to(x.scalar_type());
+}
+
+static Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t h = x.size(-1) / 2;
+  return x * cos + at::cat({x.slice(-1, h), x.slice(-1, 0, h)}, -1) * sin;
+}
+
+static Tensor weight_product(const Tensor& x, const Tensor& w, const OptT& s) {
+  if (s.has_value()) return at::_weight_int8pack_mm(x, w, *s);
+  return linear_packed(x, w);
+}
+
+static Tensor dense(const Tensor& x, const Tensor& w, const OptT& s, const OptT& b, int64_t max_rows, int64_t rows) {
+  const int64_t n = x.size(0);
+  Tensor y;
+  if (s.has_value()) {
+    y = weight_product(x, w, s);
+  } else if (n > max_rows && x.scalar_type() != at::kFloat) {
+    Tensors parts;
+    for (int64_t i = 0; i < n; i += max_rows) {
+      auto xi = x.slice(0, i, i + max_rows);
+      parts.push_back(weight_product(pad_to(xi, rows), w, s).slice(0, 0, xi.size(0)));
+    }
+    y = at::cat(parts);
+  } else {
+    y = weight_product(pad_to(x, rows), w, s).slice(0, 0, n);
+  }
+  return b.has_value() ? y + *b : y;
+}
+
+static Tensor attention_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, int64_t rows) {
+  const int64_t R = q.size(-2);
+  auto s = at::matmul(pad_to(q, rows), k.transpose(-1, -2));
+  return at::matmul(at::softmax(s.add_(bias), -1), v).slice(-2, 0, R);
+}
+
+static Tensor tree_attention(const Tensor& q, const Tensor& kc, const Tensor& vc, int64_t Hkv, int64_t S, int64_t Sk,
+                             int64_t base, const Tensor& gather, const Tensor& bias, const OptT& inv,
+                             const OptT& slow, const OptT& slow_gather, bool rescore, int64_t rows) {
+  const int64_t n = q.size(0), Hq = q.size(1), D = q.size(2), G = Hq / Hkv;
+  auto x = pad_to(q.view({n, Hkv, G, D}).transpose(0, 1).reshape({Hkv, n * G, D}), rows);
+  auto s = at::matmul(x, kc.slice(1, 0, Sk).to(at::kFloat).transpose(-1, -2));
+  const int64_t w = gather.size(-1);
+  auto tail = s.slice(-1, base).gather(-1, gather.expand({Hkv, -1, -1})).add_(bias);
+  s = Sk == S ? s.slice(-1, 0, S) : s.slice(-1, 0, S).contiguous();
+  s.slice(-1, base, base + w).copy_(tail);
+  s.slice(-1, base + w).fill_(-std::numeric_limits<double>::infinity());
+  auto p = at::softmax(s, -1);
+  Tensor o;
+  if (inv.has_value()) {
+    auto t = at::constant_pad_nd(p.slice(-1, base, base + w), {0, 1}, 0).gather(-1, inv->expand({Hkv, -1, -1}));
+    auto ps = slow.has_value() ? p.clone() : p;
+    ps.slice(-1, base, base + inv->size(-1)).copy_(t);
+    o = at::matmul(ps, vc.slice(1, 0, S).to(at::kFloat)).slice(1, 0, n * G).view({Hkv, n, G, D});
+  } else {
+    o = q.new_empty({Hkv, n, G, D});
+  }
+  if (slow.has_value()) {
+    auto v = vc.index({Slice(), *slow_gather}).to(at::kFloat);
+    auto pm = p.slice(1, 0, n * G).view({Hkv, n, G, S}).index({Slice(), *slow});
+    if (rescore) {
+      auto k = kc.index({Slice(), *slow_gather}).to(at::kFloat);
+      auto qm = q.view({n, Hkv, G, D}).transpose(0, 1).index({Slice(), *slow});
+      auto b = at::zeros({n * G, S}, q.options());
+      b.slice(1, base, base + w).copy_(bias.slice(0, 0, n * G));
+      b.slice(1, base + w).fill_(-std::numeric_limits<double>::infinity());
+      b = b.view({n, G, S}).index({*slow});
+      auto sm = at::matmul(pad_to(qm, rows), k.transpose(-1, -2)).slice(-2, 0, G);
+      pm = at::softmax(sm + b, -1);
+    }
+    o.index_put_({Slice(), *slow}, at::matmul(pad_to(pm, rows), v).slice(-2, 0, G));
+  }
+  return o.transpose(0, 1).reshape({n, Hq, D});
+}
+
+Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor& scale, const Tensors& biases,
+                   const Ints& starts, const Ints& counts, const Ints& key_lens, const Tensors& ln1,
+                   const Tensors& qkv_w, const OptTensors& qkv_b, const Tensors& o_w, const OptTensors& o_b,
+                   const Tensors& ln2, const Tensors& gu_w, const Tensors& down_w,
+                   const std::vector<OptTensors>& sc, const Tensors& ks, const Tensors& vs, int64_t row, int64_t s0,
+                   int64_t N, int64_t Hq, int64_t Hkv, int64_t D, double eps, int64_t max_rows,
+                   const Tensors& t_idx, const Ints& t_S, const Ints& t_Sk, const Ints& t_base,
+                   const Tensors& t_gather, const Tensors& t_bias, const OptTensors& t_inv,
+                   const OptTensors& t_slow, const OptTensors& t_slow_gather, const std::vector<bool>& t_rescore,
+                   const Ints& t_first, int64_t rows) {
+  c10::InferenceMode guard;
+  const int64_t Np = x.size(0), G = Hq / Hkv;
+  const bool many = starts.size() + t_idx.size() > 1 || N != Np;
+  for (size_t l = 0; l < ln1.size(); ++l) {
+    auto qkv = dense(rms_norm(x, ln1[l], eps), qkv_w[l], sc[l][0], qkv_b[l], max_rows, rows);
+    auto qk = rotate(qkv.slice(1, 0, (Hq + Hkv) * D).to(at::kFloat).view({Np, Hq + Hkv, D}), cos, sin) * scale;
+    auto kr = ks[l].select(0, row), vr = vs[l].select(0, row);
+    kr.slice(1, s0, s0 + N).copy_(qk.slice(0, 0, N).slice(1, Hq).transpose(0, 1));
+    vr.slice(1, s0, s0 + N).copy_(qkv.slice(0, 0, N).slice(1, (Hq + Hkv) * D).view({N, Hkv, D}).transpose(0, 1));
+    Tensor out;
+    if (many) out = qk.new_zeros({Np, Hq, D});
+    for (size_t j = 0; j < starts.size(); ++j) {
+      const int64_t a = starts[j], n = counts[j], S = key_lens[j];
+      auto k = kr.slice(1, 0, S).to(at::kFloat), v = vr.slice(1, 0, S).to(at::kFloat);
+      auto q = qk.slice(0, a, a + n).slice(1, 0, Hq).view({n, Hkv, G, D}).permute({1, 2, 0, 3})
+                   .reshape({1, Hkv, G * n, D});
+      auto o = attention_rows(q, k.unsqueeze(0), v.unsqueeze(0), biases[j], rows)
+                   .view({Hkv, G, n, D}).permute({2, 0, 1, 3}).reshape({n, Hq, D});
+      if (many) out.slice(0, a, a + n).copy_(o); else out = o;
+    }
+    for (size_t j = 0; j < t_idx.size(); ++j) {
+      const int64_t a = t_first[j], n = t_idx[j].size(0);   // a >= 0: the nodes are queries a .. a + n - 1
+      auto q = a >= 0 ? qk.slice(0, a, a + n).slice(1, 0, Hq) : qk.slice(1, 0, Hq).index({t_idx[j]});
+      auto o = tree_attention(q, kr, vr, Hkv, t_S[j], t_Sk[j], t_base[j], t_gather[j], t_bias[j], t_inv[j],
+                              t_slow[j], t_slow_gather[j], t_rescore[j], rows);
+      if (!many) out = o;
+      else if (a >= 0) out.slice(0, a, a + n).copy_(o);
+      else out.index_put_({t_idx[j]}, o);
+    }
+    auto att = out.reshape({Np, Hq * D}).to(x.scalar_type());
+    x = x + dense(att, o_w[l], sc[l][1], o_b[l], max_rows, rows);
+    auto gu = dense(rms_norm(x, ln2[l], eps), gu_w[l], sc[l][2], std::nullopt, max_rows, rows).chunk(2, -1);
+    x = x + dense(at::silu(gu[0]) * gu[1], down_w[l], sc[l][3], std::nullopt, max_rows, rows);
+  }
+  return x;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("span_layers", &span_layers, "forward._span_layers, op for op");
+}
