@@ -60,7 +60,7 @@ def _build(verbose: bool):
         BUILD.mkdir(parents=True, exist_ok=True)
         if verbose:
             print(f"loading the forward's C++ layer loop ({SRC.name}; built first where it is new: ~30 s)", file=sys.stderr)
-        mod = cpp_extension.load("specdec_span", [str(SRC)], extra_cflags=["-O2"], build_directory=str(BUILD),
+        mod = cpp_extension.load("specdec_span", [str(SRC)], extra_cflags=["-O3", "-ffp-contract=off"], build_directory=str(BUILD),
                                  verbose=False)
         return mod, ""
     except Exception as e:   # no compiler, no ninja, a failed build: the TorchScript loop runs instead

@@ -28,7 +28,42 @@ static Tensor pad_to(const Tensor& x, int64_t rows) {
   return at::cat({x, x.new_zeros(shape)}, -2);
 }
 
+// _rms_norm: w * (xf * rsqrt(mean(xf^2) + eps)).to(x's dtype), xf = x in fp32. Where x and w are contiguous CPU bf16
+// or fp32, the elementwise parts are two loops around ATen's own mean (whose summation order is its own): the same
+// IEEE operations element by element (x * x is what pow(x, 2) computes; rsqrt is 1 / sqrt; eps is added in fp32;
+// bf16 rounds to nearest even, as ATen's conversion does), so the same bits with 6 fewer ops.
+template <typename T>
+static Tensor rms_loops(const Tensor& x, const Tensor& w, double eps) {
+  const int64_t Np = x.size(0), H = x.size(1);
+  auto sq = at::empty({Np, H}, x.options().dtype(at::kFloat));
+  const T* xp = x.data_ptr<T>();
+  const T* wp = w.data_ptr<T>();
+  float* q = sq.data_ptr<float>();
+  for (int64_t i = 0; i < Np * H; ++i) {
+    const float a = static_cast<float>(xp[i]);
+    q[i] = a * a;
+  }
+  auto m = sq.mean({-1}, true);                                                         // [Np, 1]
+  const float* mp = m.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  auto out = at::empty_like(x);
+  T* o = out.data_ptr<T>();
+  for (int64_t i = 0; i < Np; ++i) {
+    const float r = 1.0f / std::sqrt(mp[i] + e);
+    for (int64_t j = 0; j < H; ++j) {
+      const T t = static_cast<T>(static_cast<float>(xp[i * H + j]) * r);
+      o[i * H + j] = static_cast<T>(static_cast<float>(wp[j]) * static_cast<float>(t));
+    }
+  }
+  return out;
+}
+
 static Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  if (x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && w.is_contiguous() && w.dim() == 1 &&
+      w.size(0) == x.size(1) && w.scalar_type() == x.scalar_type()) {
+    if (x.scalar_type() == at::kBFloat16) return rms_loops<at::BFloat16>(x, w, eps);
+    if (x.scalar_type() == at::kFloat) return rms_loops<float>(x, w, eps);
+  }
   auto xf = x.to(at::kFloat);
   return w * (xf * at::rsqrt(xf.pow(2).mean({-1}, true) + eps)).to(x.scalar_type());
 }
@@ -36,6 +71,81 @@ static Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
 static Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   const int64_t h = x.size(-1) / 2;
   return x * cos + at::cat({x.slice(-1, h), x.slice(-1, 0, h)}, -1) * sin;
+}
+
+// q|k roped and scaled, fp32 [Np, Hq + Hkv, D], with the first N rows' keys and values written into the cache row
+// (kr, vr [Hkv, C, D] from slot s0): _span_layers' rotate, scale and two cache writes. One loop where the operands
+// are as a CPU call has them (qkv contiguous bf16 or fp32, fp32 tables and cache), else those ATen ops. The loop
+// is bitwise the ops: each element is the same IEEE products and sum, rounded alike (no contraction into an FMA:
+// built with -ffp-contract=off), and the conversions from bf16 are exact.
+template <typename T>
+static void rope_rows(const T* x, int64_t ld, const float* cos, const float* sin, const float* scale, float* out,
+                      float* k, float* v, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t Np, int64_t N,
+                      int64_t Hq, int64_t Hkv, int64_t D) {
+  const int64_t h2 = D / 2, H = Hq + Hkv;
+  for (int64_t i = 0; i < Np; ++i) {
+    const T* xi = x + i * ld;
+    const float* c = cos + i * D;
+    const float* s = sin + i * D;
+    for (int64_t h = 0; h < H; ++h) {
+      const T* xh = xi + h * D;
+      float* o = out + (i * H + h) * D;
+      const float sc = scale[h];
+      for (int64_t d = 0; d < h2; ++d) {          // the two halves apart, so each loop vectorizes
+        const float ac = static_cast<float>(xh[d]) * c[d];
+        const float rs = static_cast<float>(xh[d + h2]) * s[d];
+        const float sum = ac + rs;
+        o[d] = sum * sc;
+      }
+      for (int64_t d = h2; d < D; ++d) {
+        const float ac = static_cast<float>(xh[d]) * c[d];
+        const float rs = static_cast<float>(xh[d - h2]) * s[d];
+        const float sum = ac + rs;
+        o[d] = sum * sc;
+      }
+      if (i < N && h >= Hq) {
+        float* kd = k + (h - Hq) * ks0 + i * ks1;
+        for (int64_t d = 0; d < D; ++d) kd[d] = o[d];
+      }
+    }
+    if (i < N) {
+      for (int64_t h = 0; h < Hkv; ++h) {
+        const T* vh = xi + (H + h) * D;
+        float* vd = v + h * vs0 + i * vs1;
+        for (int64_t d = 0; d < D; ++d) vd[d] = static_cast<float>(vh[d]);
+      }
+    }
+  }
+}
+
+static Tensor rope_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& scale, const Tensor& kr,
+                      const Tensor& vr, int64_t s0, int64_t N, int64_t Hq, int64_t Hkv, int64_t D) {
+  const int64_t Np = qkv.size(0);
+  const auto f32 = at::kFloat;
+  const bool loop = qkv.device().is_cpu() && qkv.dim() == 2 && qkv.stride(1) == 1 &&
+      qkv.size(1) == (Hq + 2 * Hkv) * D && (qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == f32) &&
+      D % 2 == 0 && cos.scalar_type() == f32 && sin.scalar_type() == f32 && cos.is_contiguous() &&
+      sin.is_contiguous() && cos.numel() == Np * D && sin.numel() == Np * D && scale.scalar_type() == f32 &&
+      scale.is_contiguous() && scale.numel() == Hq + Hkv && kr.scalar_type() == f32 && vr.scalar_type() == f32 &&
+      kr.stride(2) == 1 && vr.stride(2) == 1 && kr.size(1) >= s0 + N && vr.size(1) >= s0 + N;
+  if (!loop) {
+    auto qk = rotate(qkv.slice(1, 0, (Hq + Hkv) * D).to(at::kFloat).view({Np, Hq + Hkv, D}), cos, sin) * scale;
+    kr.slice(1, s0, s0 + N).copy_(qk.slice(0, 0, N).slice(1, Hq).transpose(0, 1));
+    vr.slice(1, s0, s0 + N).copy_(qkv.slice(0, 0, N).slice(1, (Hq + Hkv) * D).view({N, Hkv, D}).transpose(0, 1));
+    return qk;
+  }
+  auto out = at::empty({Np, Hq + Hkv, D}, qkv.options().dtype(f32));
+  float* k = kr.data_ptr<float>() + s0 * kr.stride(1);
+  float* v = vr.data_ptr<float>() + s0 * vr.stride(1);
+  if (qkv.scalar_type() == at::kBFloat16)
+    rope_rows(qkv.data_ptr<at::BFloat16>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(),
+              scale.data_ptr<float>(), out.data_ptr<float>(), k, v, kr.stride(0), kr.stride(1), vr.stride(0),
+              vr.stride(1), Np, N, Hq, Hkv, D);
+  else
+    rope_rows(qkv.data_ptr<float>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(),
+              scale.data_ptr<float>(), out.data_ptr<float>(), k, v, kr.stride(0), kr.stride(1), vr.stride(0),
+              vr.stride(1), Np, N, Hq, Hkv, D);
+  return out;
 }
 
 static Tensor weight_product(const Tensor& x, const Tensor& w, const OptT& s) {
@@ -121,10 +231,8 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
   const bool many = starts.size() + t_idx.size() > 1 || N != Np;
   for (size_t l = 0; l < ln1.size(); ++l) {
     auto qkv = dense(rms_norm(x, ln1[l], eps), qkv_w[l], sc[l][0], qkv_b[l], max_rows, rows);
-    auto qk = rotate(qkv.slice(1, 0, (Hq + Hkv) * D).to(at::kFloat).view({Np, Hq + Hkv, D}), cos, sin) * scale;
     auto kr = ks[l].select(0, row), vr = vs[l].select(0, row);
-    kr.slice(1, s0, s0 + N).copy_(qk.slice(0, 0, N).slice(1, Hq).transpose(0, 1));
-    vr.slice(1, s0, s0 + N).copy_(qkv.slice(0, 0, N).slice(1, (Hq + Hkv) * D).view({N, Hkv, D}).transpose(0, 1));
+    auto qk = rope_kv(qkv, cos, sin, scale, kr, vr, s0, N, Hq, Hkv, D);                  // [Np, Hq + Hkv, D]
     Tensor out;
     if (many) out = qk.new_zeros({Np, Hq, D});
     for (size_t j = 0; j < starts.size(); ++j) {
