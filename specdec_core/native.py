@@ -1,15 +1,18 @@
-"""The forward's layer loop compiled as C++ (csrc/span.cpp), where this machine can build it; TorchScript elsewhere.
+"""The forward's layer loop and the EAGLE head's layer compiled as C++ (csrc/span.cpp) where this machine can build
+them; TorchScript elsewhere.
 
 forward._span_layers runs a one-row call's decoder layers (a decode step, a chain verify, a tree, a prefill) as one
 TorchScript function. Its ~90 small ops a layer each pass through TorchScript's interpreter, which boxes every
 argument and result; csrc/span.cpp calls the same ATen ops, in the same order, straight from C++, so the logits
-and the cache are bitwise the same (tests/test_native.py) and a step is shorter by the interpreter's share
-(docs/measurements.md: about 1 ms of a 22 ms step on a 2-core Xeon).
+and the cache are bitwise the same (tests/test_native.py) and a step is shorter by the interpreter's share; two
+stretches of elementwise ops (RoPE with the cache writes, RMSNorm's parts around ATen's mean) are plain loops that
+compute the same bits (docs/forward.md says why they can). Measured on a 2-core Xeon: a one-token step 2 ms shorter
+(of ~23.7). The EAGLE head's layer (drafters/eagle_packed._rows), run once per tree level, is ported the same way.
 
 It is built once per machine with torch's extension builder (a C++ compiler and ninja; ~30 s on 2 cores) into
 `.build/` beside the package, at `make setup` or else at first use, and reused while the source is unchanged.
-Where there is no compiler, the build fails or SPECDEC_NATIVE=0 is set, `span_layers()` is None and the forward
-runs its TorchScript loop: the same bits, a little slower.
+Where there is no compiler, the build fails or SPECDEC_NATIVE=0 is set, `op(name)` is None and the TorchScript
+function runs: the same bits, a little slower.
 """
 from __future__ import annotations
 
@@ -43,12 +46,13 @@ def why() -> str:
     return _state["why"]
 
 
-def span_layers():
-    """csrc/span.cpp's span_layers (forward._span_layers' signature), or None: off, or not buildable here."""
+def op(name: str):
+    """One of csrc/span.cpp's functions, or None (off, or not buildable here): `span_layers` (forward._span_layers'
+    signature and bits) or `eagle_rows` (drafters/eagle_packed._rows')."""
     if not enabled():
         return None
     m = module()
-    return None if m is None else m.span_layers
+    return None if m is None else getattr(m, name)
 
 
 def _build(verbose: bool):

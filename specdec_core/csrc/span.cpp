@@ -261,6 +261,143 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
   return x;
 }
 
+// ---- drafters/eagle_packed._rows: the EAGLE head's layer for one tree level, op for op (bitwise: test_native)
+
+static Tensor product_of(const Tensor& x, const Tensor& w, const OptT& s, const OptT& b, bool packed) {
+  Tensor y = s.has_value() ? at::_weight_int8pack_mm(x, w, *s) : packed ? linear_packed(x, w) : at::linear(x, w);
+  return b.has_value() ? y + *b : y;
+}
+
+// torch.rms_norm of fp32 x [n, H] (x * rsqrt(mean(x^2) + eps) * w, as ATen composes it on the CPU), in dtype `out`:
+// loops around ATen's mean where x and w are contiguous CPU fp32, else torch.rms_norm itself
+template <typename O>
+static void rms_f32_loop(const float* x, const float* w, const float* m, float eps, O* o, int64_t n, int64_t H) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = 1.0f / std::sqrt(m[i] + eps);
+    for (int64_t j = 0; j < H; ++j) {
+      const float t = x[i * H + j] * r;
+      o[i * H + j] = static_cast<O>(t * w[j]);
+    }
+  }
+}
+
+static Tensor rms_f32(const Tensor& x, const Tensor& w, double eps, at::ScalarType out) {
+  const int64_t H = x.size(-1);
+  if (!(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat &&
+        w.is_contiguous() && w.scalar_type() == at::kFloat && w.numel() == H &&
+        (out == at::kFloat || out == at::kBFloat16)))
+    return at::rms_norm(x, {H}, w, eps).to(out);
+  const int64_t n = x.size(0);
+  auto sq = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  float* q = sq.data_ptr<float>();
+  for (int64_t i = 0; i < n * H; ++i) q[i] = xp[i] * xp[i];
+  auto m = sq.mean({-1}, true);
+  auto o = at::empty_like(x, x.options().dtype(out));
+  if (out == at::kFloat)
+    rms_f32_loop(xp, w.data_ptr<float>(), m.data_ptr<float>(), static_cast<float>(eps), o.data_ptr<float>(), n, H);
+  else
+    rms_f32_loop(xp, w.data_ptr<float>(), m.data_ptr<float>(), static_cast<float>(eps), o.data_ptr<at::BFloat16>(),
+                 n, H);
+  return o;
+}
+
+// qk = q|k * cos + roll(q|k, D / 2) * sin in fp32 (cos, sin pre-scaled per head: [Hq + Hkv, D] for every row or
+// [m, Hq + Hkv, D]), and the m rows' keys and values into the scratch k, v [Hkv, N, D] from row R0
+template <typename T>
+static void head_rope_rows(const T* x, int64_t ld, const float* cos, const float* sin, int64_t cs, float* out,
+                           float* k, float* v, int64_t ks0, int64_t vs0, int64_t m, int64_t Hq, int64_t Hkv,
+                           int64_t D) {
+  const int64_t h2 = D / 2, H = Hq + Hkv;
+  for (int64_t i = 0; i < m; ++i) {
+    const T* xi = x + i * ld;
+    for (int64_t h = 0; h < H; ++h) {
+      const T* xh = xi + h * D;
+      const float* c = cos + i * cs + h * D;
+      const float* s = sin + i * cs + h * D;
+      float* o = out + (i * H + h) * D;
+      for (int64_t d = 0; d < h2; ++d) {
+        const float ac = static_cast<float>(xh[d]) * c[d];
+        const float rs = static_cast<float>(xh[d + h2]) * s[d];
+        o[d] = ac + rs;
+      }
+      for (int64_t d = h2; d < D; ++d) {
+        const float ac = static_cast<float>(xh[d]) * c[d];
+        const float rs = static_cast<float>(xh[d - h2]) * s[d];
+        o[d] = ac + rs;
+      }
+      if (h >= Hq) {
+        float* kd = k + (h - Hq) * ks0 + i * D;
+        for (int64_t d = 0; d < D; ++d) kd[d] = o[d];
+      }
+    }
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const T* vh = xi + (H + h) * D;
+      float* vd = v + h * vs0 + i * D;
+      for (int64_t d = 0; d < D; ++d) vd[d] = static_cast<float>(vh[d]);
+    }
+  }
+}
+
+static Tensor head_rope(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& k, const Tensor& v,
+                        int64_t R0, int64_t Hq, int64_t Hkv, int64_t D) {
+  const int64_t m = qkv.size(0), R = R0 + m, H = Hq + Hkv;
+  const bool loop = qkv.device().is_cpu() && qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (H + Hkv) * D &&
+      (qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == at::kFloat) && D % 2 == 0 &&
+      cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+      sin.is_contiguous() && cos.sizes() == sin.sizes() &&
+      (cos.numel() == H * D || (cos.dim() == 3 && cos.numel() == m * H * D)) &&
+      k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && k.is_contiguous() && v.is_contiguous() &&
+      k.size(0) == Hkv && v.size(0) == Hkv && k.size(2) == D && v.size(2) == D && k.size(1) >= R && v.size(1) >= R;
+  if (!loop) {
+    auto qk = qkv.slice(1, 0, H * D).view({m, H, D});
+    qk = qk * cos + qk.roll(D / 2, -1) * sin;
+    k.slice(1, R0, R).copy_(qk.slice(1, Hq).transpose(0, 1));
+    v.slice(1, R0, R).copy_(qkv.slice(1, H * D).view({m, Hkv, D}).transpose(0, 1));
+    return qk;
+  }
+  auto out = at::empty({m, H, D}, qkv.options().dtype(at::kFloat));
+  const int64_t cs = cos.dim() == 3 ? H * D : 0;
+  float* kp = k.data_ptr<float>() + R0 * D;
+  float* vp = v.data_ptr<float>() + R0 * D;
+  if (qkv.scalar_type() == at::kBFloat16)
+    head_rope_rows(qkv.data_ptr<at::BFloat16>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(), cs,
+                   out.data_ptr<float>(), kp, vp, k.stride(0), v.stride(0), m, Hq, Hkv, D);
+  else
+    head_rope_rows(qkv.data_ptr<float>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(), cs,
+                   out.data_ptr<float>(), kp, vp, k.stride(0), v.stride(0), m, Hq, Hkv, D);
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor> eagle_rows(
+    const Tensor& f, const Tensor& e, const Tensor& cos, const Tensor& sin, const Tensor& bias, const Tensor& k,
+    const Tensor& v, int64_t R0, const Tensors& w, const OptTensors& s, const OptTensors& b,
+    const std::vector<bool>& packed, const Tensor& ln1, const Tensor& ln2, const Tensor& norm, const Tensor& fc_b,
+    int64_t Hq, int64_t Hkv, int64_t D, double eps, int64_t last, int64_t k_top, const OptT& ids) {
+  c10::InferenceMode guard;
+  const int64_t m = f.size(0), G = Hq / Hkv, R = R0 + m;
+  const auto dt = e.scalar_type();
+  auto x = fc_b + product_of(at::cat({f.to(dt), e}, -1), w[0], s[0], b[0], packed[0]);   // [m, H] fp32 residual
+  auto qkv = product_of(rms_f32(x, ln1, eps, dt), w[1], s[1], b[1], packed[1]);          // [m, (Hq + 2 Hkv) D]
+  auto qk = head_rope(qkv, cos, sin, k, v, R0, Hq, Hkv, D);                              // fp32, roped, q scaled
+  const int64_t n0 = last > 0 ? m - last : 0, n = m - n0;
+  auto q = qk.slice(0, n0).slice(1, 0, Hq).view({n, Hkv, G, D}).transpose(0, 1).reshape({Hkv, n * G, D});
+  auto sc = at::matmul(q, k.slice(1, 0, R).transpose(1, 2));                              // [Hkv, n G, R]
+  sc.view({Hkv, n, G, R}).slice(3, R - bias.size(1)).add_(bias.slice(0, n0).unsqueeze(1));
+  auto a = at::matmul(at::softmax(sc, -1), v.slice(1, 0, R));                             // [Hkv, n G, D]
+  a = a.view({Hkv, n, G * D}).transpose(0, 1).reshape({n, Hq * D});
+  x = x.slice(0, n0) + product_of(a.to(dt), w[2], s[2], b[2], packed[2]);                // [n, H]
+  auto gu = product_of(rms_f32(x, ln2, eps, dt), w[3], s[3], b[3], packed[3]).chunk(2, -1);
+  x.add_(product_of(at::silu(gu[0]) * gu[1], w[4], s[4], b[4], packed[4]));
+  auto h = rms_f32(x, norm, eps, at::kFloat);                                            // [n, H] fp32
+  auto y = product_of(h.to(dt), w[5], s[5], b[5], packed[5]);                            // [n, v] logits
+  if (k_top == 0) return {h, y, y};
+  auto top = at::topk(at::log_softmax(y, -1, at::kFloat), k_top, -1);
+  auto ix = std::get<1>(top);
+  return {h, std::get<0>(top), ids.has_value() ? ids->index({ix}) : ix};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("span_layers", &span_layers, "forward._span_layers, op for op");
+  m.def("eagle_rows", &eagle_rows, "drafters/eagle_packed._rows, op for op");
 }

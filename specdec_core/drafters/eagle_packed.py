@@ -32,6 +32,7 @@ kernel, so a CPU with AMX runs the same code; at a few rows it is bound by the b
 """
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Tuple
 
 import torch
@@ -127,11 +128,19 @@ class PackedHead:
         R0 = kv.n
         kv.reserve(R0 + m)
         kv.n = R0 + m
-        h, y, ix = _rows(f, self.embed[tok.to(self.device)], self.cos[pos], self.sin[pos], bias, kv.k, kv.v, R0,
+        h, y, ix = rows()(f, self.embed[tok.to(self.device)], self.cos[pos], self.sin[pos], bias, kv.k, kv.v, R0,
                          *self._w, self.Hq, self.Hkv, self.D, self.eps, last, k, self.ids)
         return (h, y, ix) if k else (h, y)
 
     bias = staticmethod(mask_bias)   # a bool attention mask (True: attends) -> the additive bias __call__ takes
+
+
+@functools.lru_cache(maxsize=None)
+def rows():
+    """The level's layer: native.py's C++ port of _rows where this machine builds it (the same bits, fewer
+    interpreter steps), else _rows. Resolved once a process."""
+    from .. import native
+    return native.op("eagle_rows") or _rows
 
 
 @scripted
