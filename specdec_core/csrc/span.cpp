@@ -29,43 +29,65 @@ static Tensor pad_to(const Tensor& x, int64_t rows) {
 }
 
 // _rms_norm: w * (xf * rsqrt(mean(xf^2) + eps)).to(x's dtype), xf = x in fp32. Where x and w are contiguous CPU bf16
-// or fp32, the elementwise parts are two loops around ATen's own mean (whose summation order is its own): the same
-// IEEE operations element by element (x * x is what pow(x, 2) computes; rsqrt is 1 / sqrt; eps is added in fp32;
-// bf16 rounds to nearest even, as ATen's conversion does), so the same bits with 6 fewer ops.
+// or fp32, the elementwise parts are loops around ATen's own sum (whose summation order is its own; ATen's mean is
+// that sum divided by H): the same IEEE operations element by element (x * x is what pow(x, 2) computes; the mean a
+// division; rsqrt is 1 / sqrt; eps is added in fp32; bf16 rounds to nearest even, as ATen's conversion does), so
+// the same bits with fewer ops. add_rms also takes the residual add before it, x + y in x's dtype (ATen's add:
+// the sum of the two in fp32, rounded once), and returns (x + y, the norm of it).
 template <typename T>
-static Tensor rms_loops(const Tensor& x, const Tensor& w, double eps) {
+static std::pair<Tensor, Tensor> rms_loops(const Tensor& x, const Tensor* y, const Tensor& w, double eps) {
   const int64_t Np = x.size(0), H = x.size(1);
   auto sq = at::empty({Np, H}, x.options().dtype(at::kFloat));
   const T* xp = x.data_ptr<T>();
   const T* wp = w.data_ptr<T>();
   float* q = sq.data_ptr<float>();
+  Tensor xs = x;
+  if (y != nullptr) {
+    xs = at::empty_like(x);
+    const T* yp = y->data_ptr<T>();
+    T* sp = xs.data_ptr<T>();
+    for (int64_t i = 0; i < Np * H; ++i) sp[i] = static_cast<T>(static_cast<float>(xp[i]) + static_cast<float>(yp[i]));
+    xp = sp;
+  }
   for (int64_t i = 0; i < Np * H; ++i) {
     const float a = static_cast<float>(xp[i]);
     q[i] = a * a;
   }
-  auto m = sq.mean({-1}, true);                                                         // [Np, 1]
+  auto m = at::sum(sq, {-1}, true);                                                     // [Np, 1]
   const float* mp = m.data_ptr<float>();
-  const float e = static_cast<float>(eps);
+  const float e = static_cast<float>(eps), n = static_cast<float>(H);
   auto out = at::empty_like(x);
   T* o = out.data_ptr<T>();
   for (int64_t i = 0; i < Np; ++i) {
-    const float r = 1.0f / std::sqrt(mp[i] + e);
+    const float mean = mp[i] / n;
+    const float r = 1.0f / std::sqrt(mean + e);
     for (int64_t j = 0; j < H; ++j) {
       const T t = static_cast<T>(static_cast<float>(xp[i * H + j]) * r);
       o[i * H + j] = static_cast<T>(static_cast<float>(wp[j]) * static_cast<float>(t));
     }
   }
-  return out;
+  return {xs, out};
+}
+
+static bool rms_loop_ok(const Tensor& x, const Tensor& w) {
+  return x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && w.is_contiguous() && w.dim() == 1 &&
+      w.size(0) == x.size(1) && w.scalar_type() == x.scalar_type() &&
+      (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat);
 }
 
 static Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
-  if (x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && w.is_contiguous() && w.dim() == 1 &&
-      w.size(0) == x.size(1) && w.scalar_type() == x.scalar_type()) {
-    if (x.scalar_type() == at::kBFloat16) return rms_loops<at::BFloat16>(x, w, eps);
-    if (x.scalar_type() == at::kFloat) return rms_loops<float>(x, w, eps);
-  }
+  if (rms_loop_ok(x, w))
+    return (x.scalar_type() == at::kBFloat16 ? rms_loops<at::BFloat16>(x, nullptr, w, eps)
+                                             : rms_loops<float>(x, nullptr, w, eps)).second;
   auto xf = x.to(at::kFloat);
   return w * (xf * at::rsqrt(xf.pow(2).mean({-1}, true) + eps)).to(x.scalar_type());
+}
+
+static std::pair<Tensor, Tensor> add_rms(const Tensor& x, const Tensor& y, const Tensor& w, double eps) {
+  if (rms_loop_ok(x, w) && y.is_contiguous() && y.sizes() == x.sizes() && y.scalar_type() == x.scalar_type())
+    return x.scalar_type() == at::kBFloat16 ? rms_loops<at::BFloat16>(x, &y, w, eps) : rms_loops<float>(x, &y, w, eps);
+  auto xs = x + y;
+  return {xs, rms_norm(xs, w, eps)};
 }
 
 static Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
@@ -229,8 +251,10 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
   c10::InferenceMode guard;
   const int64_t Np = x.size(0), G = Hq / Hkv;
   const bool many = starts.size() + t_idx.size() > 1 || N != Np;
-  for (size_t l = 0; l < ln1.size(); ++l) {
-    auto qkv = dense(rms_norm(x, ln1[l], eps), qkv_w[l], sc[l][0], qkv_b[l], max_rows, rows);
+  const size_t L = ln1.size();
+  Tensor h = L ? rms_norm(x, ln1[0], eps) : x;                 // layer l's normed input (a residual add's, below)
+  for (size_t l = 0; l < L; ++l) {
+    auto qkv = dense(h, qkv_w[l], sc[l][0], qkv_b[l], max_rows, rows);
     auto kr = ks[l].select(0, row), vr = vs[l].select(0, row);
     auto qk = rope_kv(qkv, cos, sin, scale, kr, vr, s0, N, Hq, Hkv, D);                  // [Np, Hq + Hkv, D]
     Tensor out;
@@ -254,9 +278,16 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
       else out.index_put_({t_idx[j]}, o);
     }
     auto att = out.reshape({Np, Hq * D}).to(x.scalar_type());
-    x = x + dense(att, o_w[l], sc[l][1], o_b[l], max_rows, rows);
-    auto gu = dense(rms_norm(x, ln2[l], eps), gu_w[l], sc[l][2], std::nullopt, max_rows, rows).chunk(2, -1);
-    x = x + dense(at::silu(gu[0]) * gu[1], down_w[l], sc[l][3], std::nullopt, max_rows, rows);
+    auto x2 = add_rms(x, dense(att, o_w[l], sc[l][1], o_b[l], max_rows, rows), ln2[l], eps);
+    auto gu = dense(x2.second, gu_w[l], sc[l][2], std::nullopt, max_rows, rows).chunk(2, -1);
+    auto y = dense(at::silu(gu[0]) * gu[1], down_w[l], sc[l][3], std::nullopt, max_rows, rows);
+    if (l + 1 < L) {
+      auto x3 = add_rms(x2.first, y, ln1[l + 1], eps);
+      x = x3.first;
+      h = x3.second;
+    } else {
+      x = x2.first + y;
+    }
   }
   return x;
 }
@@ -272,8 +303,10 @@ static Tensor product_of(const Tensor& x, const Tensor& w, const OptT& s, const 
 // loops around ATen's mean where x and w are contiguous CPU fp32, else torch.rms_norm itself
 template <typename O>
 static void rms_f32_loop(const float* x, const float* w, const float* m, float eps, O* o, int64_t n, int64_t H) {
+  const float h = static_cast<float>(H);
   for (int64_t i = 0; i < n; ++i) {
-    const float r = 1.0f / std::sqrt(m[i] + eps);
+    const float mean = m[i] / h;
+    const float r = 1.0f / std::sqrt(mean + eps);
     for (int64_t j = 0; j < H; ++j) {
       const float t = x[i * H + j] * r;
       o[i * H + j] = static_cast<O>(t * w[j]);
@@ -292,7 +325,7 @@ static Tensor rms_f32(const Tensor& x, const Tensor& w, double eps, at::ScalarTy
   const float* xp = x.data_ptr<float>();
   float* q = sq.data_ptr<float>();
   for (int64_t i = 0; i < n * H; ++i) q[i] = xp[i] * xp[i];
-  auto m = sq.mean({-1}, true);
+  auto m = at::sum(sq, {-1}, true);                     // ATen's mean: this sum, divided by H (in the loop)
   auto o = at::empty_like(x, x.options().dtype(out));
   if (out == at::kFloat)
     rms_f32_loop(xp, w.data_ptr<float>(), m.data_ptr<float>(), static_cast<float>(eps), o.data_ptr<float>(), n, H);
