@@ -295,7 +295,7 @@ def cmd_bench(args) -> int:
     agg["speedup_vs_none"] = agg.tok_s / agg.loc[PLAIN, "tok_s"]
     dest = sys.stderr if args.json else sys.stdout
     print(f"\nmodel {target.name} ({str(target.dtype).removeprefix('torch.')}, {target.device}, "
-          f"{target.forward_name} forward); "
+          f"{target.forward_name} forward){_loop(target)}; "
           f"temperature {sp.temperature}; max new tokens {args.max_new_tokens}; prompts {' '.join(args.prompts)}",
           file=dest)
     print(agg.round(3).to_string(), file=dest)
@@ -384,7 +384,8 @@ def cmd_profile(args) -> int:
         return 0
     import pandas as pd
     print(f"\nmodel {target.name} ({str(target.dtype).removeprefix('torch.')}, {target.device}, "
-          f"{target.forward_name} forward, {_threads()} thread(s)); temperature {sp.temperature}; max new tokens "
+          f"{target.forward_name} forward, {_threads()} thread(s)){_loop(target)}; temperature {sp.temperature}; "
+          f"max new tokens "
           f"{args.max_new_tokens}; {len(prompts)} prompt(s) from {' '.join(args.prompts)}; {repeats} repeat(s)")
     cost, speed = prof.tables(out)
     with pd.option_context("display.width", 200, "display.max_columns", None):
@@ -443,6 +444,13 @@ def cmd_reference(args) -> int:
 def _threads() -> int:
     import torch
     return torch.get_num_threads()
+
+
+def _loop(target) -> str:
+    """'; C++ layer loop' (TorchScript's, or op by op) for our forward, for a figure's header; '' for transformers'."""
+    from .forward import loop_name
+    name = loop_name(target.fwd)
+    return f"; {name}" if name else ""
 
 
 def _check_prompts(path: str, limit: int | None) -> list[str]:

@@ -38,7 +38,7 @@ re-laid out inside every product; a one-row call (decode, chain verify, tree, pr
 TorchScript function (_span_layers), the same ops in the same order as the op-by-op loop, without Python between
 them. TorchScript is deprecated in torch in favour of torch.compile, but inductor cannot lower the pre-packed
 oneDNN product (tried: an assertion on the packed weight), and scripting needs no compiler and no per-shape work.
-Where a C++ compiler is at hand the same loop runs as C++ (native.py: the same ATen ops, bitwise, ~8% of a step
+Where a C++ compiler is at hand the same loop runs as C++ (native.py: the same ATen ops, bitwise, ~11% of a step
 less on a 2-core CPU); `span_layers()` picks it.
 
 The price: a little padding, a gather for tree nodes, and attention over up to BLOCK - 1 masked keys.
@@ -519,6 +519,16 @@ class Forward:
         logits = self.head(hs).float()
         logits = self.vocab.scatter(logits) if self.vocab is not None else logits
         return (logits, h) if hidden else logits
+
+
+def loop_name(f: "Forward | None") -> str:
+    """Which loop runs our forward's one-row calls, for a figure's header: C++, TorchScript, or op by op (products
+    not packed: no oneDNN, a GPU); '' for transformers' forward (f None)."""
+    if f is None:
+        return ""
+    if f._w is None:
+        return "op-by-op layer loop"
+    return "C++ layer loop" if span_layers() is not _span_layers else "TorchScript layer loop"
 
 
 @functools.lru_cache(maxsize=None)

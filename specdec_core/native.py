@@ -5,9 +5,10 @@ forward._span_layers runs a one-row call's decoder layers (a decode step, a chai
 TorchScript function. Its ~90 small ops a layer each pass through TorchScript's interpreter, which boxes every
 argument and result; csrc/span.cpp calls the same ATen ops, in the same order, straight from C++, so the logits
 and the cache are bitwise the same (tests/test_native.py) and a step is shorter by the interpreter's share; two
-stretches of elementwise ops (RoPE with the cache writes, RMSNorm's parts around ATen's mean) are plain loops that
-compute the same bits (docs/forward.md says why they can). Measured on a 2-core Xeon: a one-token step 2 ms shorter
-(of ~23.7). The EAGLE head's layer (drafters/eagle_packed._rows), run once per tree level, is ported the same way.
+stretches of elementwise ops (RoPE with the cache writes; RMSNorm's parts around ATen's sum, with the residual add
+before it) are plain loops that compute the same bits (docs/forward.md says why they can). Measured on a 2-core
+Xeon: a one-token step 2.7 ms shorter (of ~23.9). The EAGLE head's layer (drafters/eagle_packed._rows), run once per
+tree level, is ported the same way.
 
 It is built once per machine with torch's extension builder (a C++ compiler and ninja; ~30 s on 2 cores) into
 `.build/` beside the package, at `make setup` or else at first use, and reused while the source is unchanged.
@@ -63,9 +64,11 @@ def _build(verbose: bool):
             return None, "this build of torch has no oneDNN (the packed products the loop calls)"
         BUILD.mkdir(parents=True, exist_ok=True)
         if verbose:
-            print(f"loading the forward's C++ layer loop ({SRC.name}; built first where it is new: ~30 s)", file=sys.stderr)
-        mod = cpp_extension.load("specdec_span", [str(SRC)], extra_cflags=["-O3", "-ffp-contract=off"], build_directory=str(BUILD),
-                                 verbose=False)
+            print(f"loading the forward's C++ layer loop ({SRC.name}; built first where it is new: ~30 s)",
+                  file=sys.stderr)
+        # -ffp-contract=off: no product and sum fused into an FMA, so the loops round as ATen's ops do
+        mod = cpp_extension.load("specdec_span", [str(SRC)], extra_cflags=["-O3", "-ffp-contract=off"],
+                                 build_directory=str(BUILD), verbose=False)
         return mod, ""
     except Exception as e:   # no compiler, no ninja, a failed build: the TorchScript loop runs instead
         msg = " ".join(str(e).split())[:300]

@@ -16,6 +16,7 @@ import time
 import torch
 
 from ..drafters import PLAIN, entry
+from ..forward import loop_name
 from ..models import LM, load
 
 
@@ -107,7 +108,8 @@ def bench_forward(args) -> dict:
     base, gen = rates["ours plain"]["tokens_per_s"], rates["hf generate"]["tokens_per_s"]
     dest = sys.stderr if args.json else sys.stdout
     print(f"model {ours.name} ({str(ours.dtype).removeprefix('torch.')}, {ours.device}, "
-          f"{torch.get_num_threads()} threads); context {len(context)} tokens; medians of {args.reps}", file=dest)
+          f"{torch.get_num_threads()} threads; ours: {loop_name(ours.fwd)}); context {len(context)} tokens; "
+          f"medians of {args.reps}", file=dest)
     df = pd.DataFrame(per)
     df["ours_vs_hf"] = df.hf_ms / df.ours_ms
     df["ours_vs_q1"] = df.ours_ms / df.ours_ms.iloc[0]
@@ -117,4 +119,5 @@ def bench_forward(args) -> dict:
     print(f"\ngreedy, {args.new_tokens} new tokens, {len(prompts)} prompts of {args.prompts}", file=dest)
     print(tab.round(3).to_string(index=False), file=dest)
     return {"model": ours.name, "dtype": str(ours.dtype).removeprefix("torch."), "device": str(ours.device),
-            "threads": torch.get_num_threads(), "context": len(context), "forward_ms": per, "decode": rates}
+            "threads": torch.get_num_threads(), "loop": loop_name(ours.fwd), "context": len(context),
+            "forward_ms": per, "decode": rates}
