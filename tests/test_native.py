@@ -19,16 +19,17 @@ def either(request, bundled, bundled_fp32):
 
 
 @pytest.fixture(scope="module")
-def cpp():
+def ext():
+    """The built extension (csrc/span.cpp), or the test skips with why it could not be built."""
     m = native.module()
     if m is None:
         pytest.skip(native.why())
-    return m.span_layers
+    return m
 
 
 def calls(lm, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """A prefill past MAX_ROWS, a chunk crossing a key block, decode steps, a verify of 16, trees whose nodes sit
-    inside a key block and across one (slow nodes), and a batch-of-one tree whose queries are not consecutive."""
+    """A prefill past MAX_ROWS, a chunk crossing a key block, decode steps, a verify of 16, and trees whose nodes
+    sit inside a key block and across one (slow nodes)."""
     c, out = lm.new_cache(), []
     out.append(lm.forward(torch.tensor(ids[:70]), c))
     out.append(lm.forward(torch.tensor(ids[70:100]), c))
@@ -46,7 +47,7 @@ def calls(lm, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
 
 
 @pytest.mark.parametrize("probe", [None, (False, True)])
-def test_the_cpp_loop_is_the_scripted_loop_bit_for_bit(either, cpp, monkeypatch, probe):
+def test_the_cpp_loop_is_the_scripted_loop_bit_for_bit(either, ext, monkeypatch, probe):
     """probe (False, True): a device whose slot-order scores are not a chain's, so every tree node gathers and is
     scored again as a chain (the tree path's rescore branch)."""
     lm = either
@@ -55,7 +56,7 @@ def test_the_cpp_loop_is_the_scripted_loop_bit_for_bit(either, cpp, monkeypatch,
         monkeypatch.setitem(fw._IN_PLACE, (str(f.device), f.n_kv, f.n_heads // f.n_kv, f.head_dim), probe)
     ids = lm.encode("def area(r):\n    return 3.14159 * r * r\n\n" * 16).tolist()
     runs = []
-    for loop in (cpp, fw._span_layers):
+    for loop in (ext.span_layers, fw._span_layers):
         monkeypatch.setattr(fw, "span_layers", lambda loop=loop: loop)
         runs.append(calls(lm, ids))
     (a, ka), (b, kb) = runs
@@ -65,7 +66,7 @@ def test_the_cpp_loop_is_the_scripted_loop_bit_for_bit(either, cpp, monkeypatch,
     assert torch.equal(ka, kb)
 
 
-def test_an_int8_draft_network_runs_the_same_in_either_loop(bundled, cpp, monkeypatch):
+def test_an_int8_draft_network_runs_the_same_in_either_loop(bundled, ext, monkeypatch):
     """A draft model's int8 products (no row padding) through the C++ loop: the scripted loop's bits."""
     if not fw.int8_ok(torch.device("cpu"), torch.bfloat16):
         pytest.skip("this build of torch has no CPU int8 weight product")
@@ -73,7 +74,7 @@ def test_an_int8_draft_network_runs_the_same_in_either_loop(bundled, cpp, monkey
     f = full.derive(full.blocks[:3], full.norm, full.head)
     ids = bundled.encode("A list of primes: 2, 3, 5, 7, 11, 13, 17, 19, 23").tolist()
     outs = []
-    for loop in (cpp, fw._span_layers):
+    for loop in (ext.span_layers, fw._span_layers):
         monkeypatch.setattr(fw, "span_layers", lambda loop=loop: loop)
         c = f.new_cache()
         outs.append([f.append(torch.tensor(ids[:-4]), c)] + [f.append(torch.tensor([t]), c) for t in ids[-4:]])
@@ -93,16 +94,15 @@ def test_without_a_build_the_scripted_loop_runs_and_says_why(monkeypatch):
     assert "could not be built" in native.why() and "command not found" in native.why()
 
 
-def test_the_cpp_eagle_level_is_the_scripted_one(either, cpp, monkeypatch):
+def test_the_cpp_eagle_level_is_the_scripted_one(either, ext, monkeypatch):
     """The EAGLE head's layer (a proposal's root rows, then one call per tree level) through csrc/span.cpp's
     eagle_rows and through the scripted _rows: every call's features, draft log-probs and ids bit for bit, over a
     decode (int8 products in bf16, oneDNN-packed fp32 ones in fp32)."""
     import specdec_core.drafters.eagle_packed as ep
     from specdec_core import make_drafter, run
-    m = native.module()
     prompt = either.encode("Write a Python function that merges two sorted lists into one sorted list.")
     seen = []
-    for fn in (m.eagle_rows, ep._rows):
+    for fn in (ext.eagle_rows, ep._rows):
         got = []
 
         def level(*a, fn=fn, got=got):

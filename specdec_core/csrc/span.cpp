@@ -35,12 +35,22 @@ static Tensor pad_to(const Tensor& x, int64_t rows) {
 // the same bits with fewer ops. add_rms also takes the residual add before it, x + y in x's dtype (ATen's add:
 // the sum of the two in fp32, rounded once), and returns (x + y, the norm of it).
 template <typename T>
+static Tensor row_sq_sums(const T* x, int64_t n, int64_t H, const at::TensorOptions& opt) {
+  // ATen's sum over each row of x^2 in fp32 [n, 1]: the reduction a mean of squares takes, in ATen's own order
+  auto sq = at::empty({n, H}, opt.dtype(at::kFloat));
+  float* q = sq.data_ptr<float>();
+  for (int64_t i = 0; i < n * H; ++i) {
+    const float a = static_cast<float>(x[i]);
+    q[i] = a * a;
+  }
+  return at::sum(sq, {-1}, true);
+}
+
+template <typename T>
 static std::pair<Tensor, Tensor> rms_loops(const Tensor& x, const Tensor* y, const Tensor& w, double eps) {
   const int64_t Np = x.size(0), H = x.size(1);
-  auto sq = at::empty({Np, H}, x.options().dtype(at::kFloat));
   const T* xp = x.data_ptr<T>();
   const T* wp = w.data_ptr<T>();
-  float* q = sq.data_ptr<float>();
   Tensor xs = x;
   if (y != nullptr) {
     xs = at::empty_like(x);
@@ -49,11 +59,7 @@ static std::pair<Tensor, Tensor> rms_loops(const Tensor& x, const Tensor* y, con
     for (int64_t i = 0; i < Np * H; ++i) sp[i] = static_cast<T>(static_cast<float>(xp[i]) + static_cast<float>(yp[i]));
     xp = sp;
   }
-  for (int64_t i = 0; i < Np * H; ++i) {
-    const float a = static_cast<float>(xp[i]);
-    q[i] = a * a;
-  }
-  auto m = at::sum(sq, {-1}, true);                                                     // [Np, 1]
+  const Tensor m = row_sq_sums(xp, Np, H, x.options());                                 // [Np, 1]
   const float* mp = m.data_ptr<float>();
   const float e = static_cast<float>(eps), n = static_cast<float>(H);
   auto out = at::empty_like(x);
@@ -101,29 +107,32 @@ static Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 // is bitwise the ops: each element is the same IEEE products and sum, rounded alike (no contraction into an FMA:
 // built with -ffp-contract=off), and the conversions from bf16 are exact.
 template <typename T>
-static void rope_rows(const T* x, int64_t ld, const float* cos, const float* sin, const float* scale, float* out,
-                      float* k, float* v, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t Np, int64_t N,
-                      int64_t Hq, int64_t Hkv, int64_t D) {
+static void rope_rows(const T* x, int64_t ld, const float* cos, const float* sin, int64_t crs, int64_t chs,
+                      const float* scale, float* out, float* k, float* v, int64_t ks0, int64_t ks1, int64_t vs0,
+                      int64_t vs1, int64_t Np, int64_t N, int64_t Hq, int64_t Hkv, int64_t D) {
+  // x [Np, (Hq + 2 Hkv) D] rows ld apart; a table row at cos + i crs + h chs (the target's: one per row, every head
+  // alike; the EAGLE head's: one per head, pre-scaled); scale: per head, or none
   const int64_t h2 = D / 2, H = Hq + Hkv;
   for (int64_t i = 0; i < Np; ++i) {
     const T* xi = x + i * ld;
-    const float* c = cos + i * D;
-    const float* s = sin + i * D;
     for (int64_t h = 0; h < H; ++h) {
       const T* xh = xi + h * D;
+      const float* c = cos + i * crs + h * chs;
+      const float* s = sin + i * crs + h * chs;
       float* o = out + (i * H + h) * D;
-      const float sc = scale[h];
       for (int64_t d = 0; d < h2; ++d) {          // the two halves apart, so each loop vectorizes
         const float ac = static_cast<float>(xh[d]) * c[d];
         const float rs = static_cast<float>(xh[d + h2]) * s[d];
-        const float sum = ac + rs;
-        o[d] = sum * sc;
+        o[d] = ac + rs;
       }
       for (int64_t d = h2; d < D; ++d) {
         const float ac = static_cast<float>(xh[d]) * c[d];
         const float rs = static_cast<float>(xh[d - h2]) * s[d];
-        const float sum = ac + rs;
-        o[d] = sum * sc;
+        o[d] = ac + rs;
+      }
+      if (scale != nullptr) {                      // the sum rounded to fp32, then scaled: as the two ops
+        const float sc = scale[h];
+        for (int64_t d = 0; d < D; ++d) o[d] = o[d] * sc;
       }
       if (i < N && h >= Hq) {
         float* kd = k + (h - Hq) * ks0 + i * ks1;
@@ -138,6 +147,18 @@ static void rope_rows(const T* x, int64_t ld, const float* cos, const float* sin
       }
     }
   }
+}
+
+// rope_rows over qkv's dtype (bf16 or fp32), into out [Np, Hq + Hkv, D] fp32; k, v: the first row's cache slots
+static void rope_qkv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, int64_t crs, int64_t chs,
+                     const float* scale, const Tensor& out, float* k, float* v, int64_t ks0, int64_t ks1, int64_t vs0,
+                     int64_t vs1, int64_t N, int64_t Hq, int64_t Hkv, int64_t D) {
+  if (qkv.scalar_type() == at::kBFloat16)
+    rope_rows(qkv.data_ptr<at::BFloat16>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(), crs, chs,
+              scale, out.data_ptr<float>(), k, v, ks0, ks1, vs0, vs1, qkv.size(0), N, Hq, Hkv, D);
+  else
+    rope_rows(qkv.data_ptr<float>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(), crs, chs,
+              scale, out.data_ptr<float>(), k, v, ks0, ks1, vs0, vs1, qkv.size(0), N, Hq, Hkv, D);
 }
 
 static Tensor rope_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& scale, const Tensor& kr,
@@ -157,22 +178,15 @@ static Tensor rope_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, c
     return qk;
   }
   auto out = at::empty({Np, Hq + Hkv, D}, qkv.options().dtype(f32));
-  float* k = kr.data_ptr<float>() + s0 * kr.stride(1);
-  float* v = vr.data_ptr<float>() + s0 * vr.stride(1);
-  if (qkv.scalar_type() == at::kBFloat16)
-    rope_rows(qkv.data_ptr<at::BFloat16>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(),
-              scale.data_ptr<float>(), out.data_ptr<float>(), k, v, kr.stride(0), kr.stride(1), vr.stride(0),
-              vr.stride(1), Np, N, Hq, Hkv, D);
-  else
-    rope_rows(qkv.data_ptr<float>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(),
-              scale.data_ptr<float>(), out.data_ptr<float>(), k, v, kr.stride(0), kr.stride(1), vr.stride(0),
-              vr.stride(1), Np, N, Hq, Hkv, D);
+  rope_qkv(qkv, cos, sin, D, 0, scale.data_ptr<float>(), out, kr.data_ptr<float>() + s0 * kr.stride(1),
+           vr.data_ptr<float>() + s0 * vr.stride(1), kr.stride(0), kr.stride(1), vr.stride(0), vr.stride(1), N, Hq,
+           Hkv, D);
   return out;
 }
 
-static Tensor weight_product(const Tensor& x, const Tensor& w, const OptT& s) {
+static Tensor weight_product(const Tensor& x, const Tensor& w, const OptT& s, bool packed = true) {
   if (s.has_value()) return at::_weight_int8pack_mm(x, w, *s);
-  return linear_packed(x, w);
+  return packed ? linear_packed(x, w) : at::linear(x, w);
 }
 
 static Tensor dense(const Tensor& x, const Tensor& w, const OptT& s, const OptT& b, int64_t max_rows, int64_t rows) {
@@ -295,12 +309,12 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
 // ---- drafters/eagle_packed._rows: the EAGLE head's layer for one tree level, op for op (bitwise: test_native)
 
 static Tensor product_of(const Tensor& x, const Tensor& w, const OptT& s, const OptT& b, bool packed) {
-  Tensor y = s.has_value() ? at::_weight_int8pack_mm(x, w, *s) : packed ? linear_packed(x, w) : at::linear(x, w);
+  auto y = weight_product(x, w, s, packed);
   return b.has_value() ? y + *b : y;
 }
 
 // torch.rms_norm of fp32 x [n, H] (x * rsqrt(mean(x^2) + eps) * w, as ATen composes it on the CPU), in dtype `out`:
-// loops around ATen's mean where x and w are contiguous CPU fp32, else torch.rms_norm itself
+// loops around ATen's sum (as rms_loops) where x and w are contiguous CPU fp32, else torch.rms_norm itself
 template <typename O>
 static void rms_f32_loop(const float* x, const float* w, const float* m, float eps, O* o, int64_t n, int64_t H) {
   const float h = static_cast<float>(H);
@@ -321,11 +335,8 @@ static Tensor rms_f32(const Tensor& x, const Tensor& w, double eps, at::ScalarTy
         (out == at::kFloat || out == at::kBFloat16)))
     return at::rms_norm(x, {H}, w, eps).to(out);
   const int64_t n = x.size(0);
-  auto sq = at::empty_like(x);
   const float* xp = x.data_ptr<float>();
-  float* q = sq.data_ptr<float>();
-  for (int64_t i = 0; i < n * H; ++i) q[i] = xp[i] * xp[i];
-  auto m = at::sum(sq, {-1}, true);                     // ATen's mean: this sum, divided by H (in the loop)
+  auto m = row_sq_sums(xp, n, H, x.options());          // ATen's mean: this sum, divided by H (in the loop)
   auto o = at::empty_like(x, x.options().dtype(out));
   if (out == at::kFloat)
     rms_f32_loop(xp, w.data_ptr<float>(), m.data_ptr<float>(), static_cast<float>(eps), o.data_ptr<float>(), n, H);
@@ -336,42 +347,7 @@ static Tensor rms_f32(const Tensor& x, const Tensor& w, double eps, at::ScalarTy
 }
 
 // qk = q|k * cos + roll(q|k, D / 2) * sin in fp32 (cos, sin pre-scaled per head: [Hq + Hkv, D] for every row or
-// [m, Hq + Hkv, D]), and the m rows' keys and values into the scratch k, v [Hkv, N, D] from row R0
-template <typename T>
-static void head_rope_rows(const T* x, int64_t ld, const float* cos, const float* sin, int64_t cs, float* out,
-                           float* k, float* v, int64_t ks0, int64_t vs0, int64_t m, int64_t Hq, int64_t Hkv,
-                           int64_t D) {
-  const int64_t h2 = D / 2, H = Hq + Hkv;
-  for (int64_t i = 0; i < m; ++i) {
-    const T* xi = x + i * ld;
-    for (int64_t h = 0; h < H; ++h) {
-      const T* xh = xi + h * D;
-      const float* c = cos + i * cs + h * D;
-      const float* s = sin + i * cs + h * D;
-      float* o = out + (i * H + h) * D;
-      for (int64_t d = 0; d < h2; ++d) {
-        const float ac = static_cast<float>(xh[d]) * c[d];
-        const float rs = static_cast<float>(xh[d + h2]) * s[d];
-        o[d] = ac + rs;
-      }
-      for (int64_t d = h2; d < D; ++d) {
-        const float ac = static_cast<float>(xh[d]) * c[d];
-        const float rs = static_cast<float>(xh[d - h2]) * s[d];
-        o[d] = ac + rs;
-      }
-      if (h >= Hq) {
-        float* kd = k + (h - Hq) * ks0 + i * D;
-        for (int64_t d = 0; d < D; ++d) kd[d] = o[d];
-      }
-    }
-    for (int64_t h = 0; h < Hkv; ++h) {
-      const T* vh = xi + (H + h) * D;
-      float* vd = v + h * vs0 + i * D;
-      for (int64_t d = 0; d < D; ++d) vd[d] = static_cast<float>(vh[d]);
-    }
-  }
-}
-
+// [m, Hq + Hkv, D]), and the m rows' keys and values into the scratch k, v [Hkv, N, D] from row R0: rope_rows
 static Tensor head_rope(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& k, const Tensor& v,
                         int64_t R0, int64_t Hq, int64_t Hkv, int64_t D) {
   const int64_t m = qkv.size(0), R = R0 + m, H = Hq + Hkv;
@@ -390,15 +366,8 @@ static Tensor head_rope(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
     return qk;
   }
   auto out = at::empty({m, H, D}, qkv.options().dtype(at::kFloat));
-  const int64_t cs = cos.dim() == 3 ? H * D : 0;
-  float* kp = k.data_ptr<float>() + R0 * D;
-  float* vp = v.data_ptr<float>() + R0 * D;
-  if (qkv.scalar_type() == at::kBFloat16)
-    head_rope_rows(qkv.data_ptr<at::BFloat16>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(), cs,
-                   out.data_ptr<float>(), kp, vp, k.stride(0), v.stride(0), m, Hq, Hkv, D);
-  else
-    head_rope_rows(qkv.data_ptr<float>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(), cs,
-                   out.data_ptr<float>(), kp, vp, k.stride(0), v.stride(0), m, Hq, Hkv, D);
+  rope_qkv(qkv, cos, sin, cos.dim() == 3 ? H * D : 0, D, nullptr, out, k.data_ptr<float>() + R0 * D,
+           v.data_ptr<float>() + R0 * D, k.stride(0), D, v.stride(0), D, m, Hq, Hkv, D);
   return out;
 }
 
