@@ -45,6 +45,8 @@ class ModuleStep:
         m, R = f.shape[0], kv.n + f.shape[0]
         e = self.emb[tok].float()
         see = torch.cat([torch.ones(m, R - bias.shape[1], dtype=torch.bool), bias == 0], 1)   # [m, R]
+        if isinstance(pos, slice):                   # consecutive positions (PackedHead takes them as a view)
+            pos = torch.arange(pos.start, pos.stop)
         pos = torch.full((1, m), pos) if isinstance(pos, int) else pos[None]
         out, (k, v) = self.head(f.float()[None], e[None], pos, see[None], kv.past)
         past = (k, v) if kv.past is None else (torch.cat([kv.past[0], k], 1), torch.cat([kv.past[1], v], 1))

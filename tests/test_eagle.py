@@ -434,3 +434,30 @@ def test_narrowing_the_vocabulary_refuses_a_size_it_cannot_narrow_to(tmp_path, c
     with pytest.raises(SystemExit, match=f"--narrow {n}: want fewer tokens than the head's draft vocabulary \\({n}\\)"):
         train.main(["--narrow", str(n), "--out", str(tmp_path), "--threads", "1"])
     assert (tmp_path / WEIGHTS.name).read_bytes() == before
+
+
+def test_a_tree_levels_rows_see_their_ancestors_and_themselves_only(one_thread):
+    """Eagle._level (cached per tree shape) against the mask written out from parent pointers: for random trees
+    of up to five levels, each level's parent rows and its attention bias over the tree rows drafted so far are
+    0 exactly at a row's ancestors (in earlier levels) and itself, -inf elsewhere."""
+    import random
+    d = Eagle.__new__(Eagle)
+    d._levels, d.fast = {}, type("F", (), {"device": torch.device("cpu")})()
+    rng = random.Random(0)
+    for _ in range(300):
+        shape, parent, width = (), [], 1                 # parent[t]: tree row t's parent row (-1: the root)
+        for _ in range(rng.randint(1, 5)):
+            rows = tuple(rng.randrange(width) for _ in range(rng.randint(1, 4)))
+            start = len(parent) - width                  # the last level's first tree row (-1 for the root)
+            level0 = len(parent)
+            parent += [start + r if start >= 0 else -1 for r in rows]
+            shape += (rows,)
+            got_rows, bias = d._level(shape)
+            want = torch.full((len(rows), len(parent)), float("-inf"))
+            for j in range(len(rows)):
+                t = level0 + j
+                while t >= 0:
+                    want[j, t] = 0.0
+                    t = parent[t]
+            assert got_rows.tolist() == list(rows) and torch.equal(bias, want), shape
+            width = len(rows)

@@ -5,6 +5,8 @@
 #include <torch/extension.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <cstring>
+
 using at::Tensor;
 using at::indexing::Slice;
 using OptT = std::optional<Tensor>;
@@ -207,6 +209,71 @@ static Tensor dense(const Tensor& x, const Tensor& w, const OptT& s, const OptT&
   return b.has_value() ? y + *b : y;
 }
 
+// A chain group's queries, qk's rows a .. a + n (heads 0 .. Hq), laid out as _span_layers' permute and reshape
+// lay them out ([1, Hkv, G n, D]: key/value head, then query head of it, then row) and zero-padded to a multiple of
+// rows as _pad_to pads them: the tensor the score product gets, in one pass (a copy, so the same bits)
+static Tensor group_queries(const Tensor& qk, int64_t a, int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
+                            int64_t rows) {
+  const int64_t G = Hq / Hkv, R = G * n, Rp = R + (rows - R % rows) % rows, H = qk.size(1);
+  auto q = at::empty({1, Hkv, Rp, D}, qk.options());
+  const float* src = qk.data_ptr<float>();
+  float* dst = q.data_ptr<float>();
+  for (int64_t h = 0; h < Hkv; ++h) {
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(dst + ((h * Rp) + g * n + i) * D, src + ((a + i) * H + h * G + g) * D, D * sizeof(float));
+    std::memset(dst + (h * Rp + R) * D, 0, (Rp - R) * D * sizeof(float));
+  }
+  return q;
+}
+
+// The attention output o [1, Hkv, >= G n, D] (fp32) of a chain group, back in row order ([n, Hq D], the inverse
+// permute) and converted to att's dtype, into att's rows a .. a + n: the permute, reshape and .to(dtype) of
+// _span_layers, each element converted once (as ATen's conversion rounds)
+template <typename T>
+static void ungroup_rows(const float* o, int64_t Rp, T* att, int64_t a, int64_t n, int64_t Hq, int64_t Hkv,
+                         int64_t D) {
+  const int64_t G = Hq / Hkv;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t g = 0; g < G; ++g) {
+        const float* s = o + (h * Rp + g * n + i) * D;
+        T* d = att + ((a + i) * Hq + h * G + g) * D;
+        for (int64_t e = 0; e < D; ++e) d[e] = static_cast<T>(s[e]);
+      }
+}
+
+// silu(gu[:, :I]) * gu[:, I:] for gu [n, 2 I]. In bf16, silu takes one of 2^16 inputs, so its results are a table
+// ATen's own silu fills once; the product is then the one ATen's bf16 mul computes (the two in fp32, whose exact
+// product is rounded once to fp32, then to bf16): the same bits in one pass instead of three ops
+static const at::BFloat16* silu_table() {
+  static const Tensor table = [] {
+    c10::InferenceMode guard;
+    auto x = at::arange(-32768, 32768, at::TensorOptions().dtype(at::kInt)).to(at::kShort).view(at::kBFloat16);
+    return at::silu(x.view({2048, 32})).contiguous().view({-1});    // index: the input's bits ^ 0x8000
+  }();
+  return table.data_ptr<at::BFloat16>();
+}
+
+static Tensor swiglu(const Tensor& gu) {
+  const int64_t n = gu.size(0), I = gu.size(-1) / 2;
+  if (!(gu.device().is_cpu() && gu.dim() == 2 && gu.is_contiguous() && gu.scalar_type() == at::kBFloat16)) {
+    auto c = gu.chunk(2, -1);
+    return at::silu(c[0]) * c[1];
+  }
+  const at::BFloat16* table = silu_table();
+  auto out = at::empty({n, I}, gu.options());
+  const at::BFloat16* g = gu.data_ptr<at::BFloat16>();
+  at::BFloat16* o = out.data_ptr<at::BFloat16>();
+  for (int64_t i = 0; i < n; ++i) {
+    const at::BFloat16* gi = g + i * 2 * I;
+    for (int64_t j = 0; j < I; ++j)
+      o[i * I + j] = static_cast<at::BFloat16>(static_cast<float>(table[gi[j].x ^ 0x8000]) *
+                                               static_cast<float>(gi[I + j]));
+  }
+  return out;
+}
+
 static Tensor attention_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, int64_t rows) {
   const int64_t R = q.size(-2);
   auto s = at::matmul(pad_to(q, rows), k.transpose(-1, -2));
@@ -271,30 +338,38 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
     auto qkv = dense(h, qkv_w[l], sc[l][0], qkv_b[l], max_rows, rows);
     auto kr = ks[l].select(0, row), vr = vs[l].select(0, row);
     auto qk = rope_kv(qkv, cos, sin, scale, kr, vr, s0, N, Hq, Hkv, D);                  // [Np, Hq + Hkv, D]
-    Tensor out;
-    if (many) out = qk.new_zeros({Np, Hq, D});
+    // the attention output in x's dtype, [Np, Hq D]: each element converted once, as .to(dtype) converts it
+    auto att = many ? at::zeros({Np, Hq * D}, x.options()) : at::empty({Np, Hq * D}, x.options());
+    const bool loops = qk.is_contiguous() && qk.scalar_type() == at::kFloat &&
+        (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat);
     for (size_t j = 0; j < starts.size(); ++j) {
       const int64_t a = starts[j], n = counts[j], S = key_lens[j];
-      auto k = kr.slice(1, 0, S).to(at::kFloat), v = vr.slice(1, 0, S).to(at::kFloat);
+      auto k = kr.slice(1, 0, S).to(at::kFloat).unsqueeze(0), v = vr.slice(1, 0, S).to(at::kFloat).unsqueeze(0);
+      if (loops) {       // the queries gathered, the output scattered back, by the two loops above
+        auto o = attention_rows(group_queries(qk, a, n, Hq, Hkv, D, rows), k, v, biases[j], rows).contiguous();
+        if (x.scalar_type() == at::kBFloat16)
+          ungroup_rows(o.data_ptr<float>(), o.size(2), att.data_ptr<at::BFloat16>(), a, n, Hq, Hkv, D);
+        else
+          ungroup_rows(o.data_ptr<float>(), o.size(2), att.data_ptr<float>(), a, n, Hq, Hkv, D);
+        continue;
+      }
       auto q = qk.slice(0, a, a + n).slice(1, 0, Hq).view({n, Hkv, G, D}).permute({1, 2, 0, 3})
                    .reshape({1, Hkv, G * n, D});
-      auto o = attention_rows(q, k.unsqueeze(0), v.unsqueeze(0), biases[j], rows)
-                   .view({Hkv, G, n, D}).permute({2, 0, 1, 3}).reshape({n, Hq, D});
-      if (many) out.slice(0, a, a + n).copy_(o); else out = o;
+      auto o = attention_rows(q, k, v, biases[j], rows).view({Hkv, G, n, D}).permute({2, 0, 1, 3})
+                   .reshape({n, Hq * D});
+      att.slice(0, a, a + n).copy_(o);
     }
     for (size_t j = 0; j < t_idx.size(); ++j) {
       const int64_t a = t_first[j], n = t_idx[j].size(0);   // a >= 0: the nodes are queries a .. a + n - 1
       auto q = a >= 0 ? qk.slice(0, a, a + n).slice(1, 0, Hq) : qk.slice(1, 0, Hq).index({t_idx[j]});
       auto o = tree_attention(q, kr, vr, Hkv, t_S[j], t_Sk[j], t_base[j], t_gather[j], t_bias[j], t_inv[j],
-                              t_slow[j], t_slow_gather[j], t_rescore[j], rows);
-      if (!many) out = o;
-      else if (a >= 0) out.slice(0, a, a + n).copy_(o);
-      else out.index_put_({t_idx[j]}, o);
+                              t_slow[j], t_slow_gather[j], t_rescore[j], rows).reshape({n, Hq * D});
+      if (a >= 0) att.slice(0, a, a + n).copy_(o);
+      else att.index_put_({t_idx[j]}, o.to(x.scalar_type()));
     }
-    auto att = out.reshape({Np, Hq * D}).to(x.scalar_type());
     auto x2 = add_rms(x, dense(att, o_w[l], sc[l][1], o_b[l], max_rows, rows), ln2[l], eps);
-    auto gu = dense(x2.second, gu_w[l], sc[l][2], std::nullopt, max_rows, rows).chunk(2, -1);
-    auto y = dense(at::silu(gu[0]) * gu[1], down_w[l], sc[l][3], std::nullopt, max_rows, rows);
+    auto gu = dense(x2.second, gu_w[l], sc[l][2], std::nullopt, max_rows, rows);           // [Np, 2 I]
+    auto y = dense(swiglu(gu), down_w[l], sc[l][3], std::nullopt, max_rows, rows);
     if (l + 1 < L) {
       auto x3 = add_rms(x2.first, y, ln1[l + 1], eps);
       x = x3.first;
@@ -389,8 +464,8 @@ std::tuple<Tensor, Tensor, Tensor> eagle_rows(
   auto a = at::matmul(at::softmax(sc, -1), v.slice(1, 0, R));                             // [Hkv, n G, D]
   a = a.view({Hkv, n, G * D}).transpose(0, 1).reshape({n, Hq * D});
   x = x.slice(0, n0) + product_of(a.to(dt), w[2], s[2], b[2], packed[2]);                // [n, H]
-  auto gu = product_of(rms_f32(x, ln2, eps, dt), w[3], s[3], b[3], packed[3]).chunk(2, -1);
-  x.add_(product_of(at::silu(gu[0]) * gu[1], w[4], s[4], b[4], packed[4]));
+  auto gu = product_of(rms_f32(x, ln2, eps, dt), w[3], s[3], b[3], packed[3]);          // [n, 2 I]
+  x.add_(product_of(swiglu(gu), w[4], s[4], b[4], packed[4]));
   auto h = rms_f32(x, norm, eps, at::kFloat);                                            // [n, H] fp32
   auto y = product_of(h.to(dt), w[5], s[5], b[5], packed[5]);                            // [n, v] logits
   if (k_top == 0) return {h, y, y};

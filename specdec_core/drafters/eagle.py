@@ -51,7 +51,6 @@ from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "eagle.safetensors"
 MANIFEST = WEIGHTS.with_name("eagle.manifest.json")
-_NEG = float("-inf")
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -181,6 +180,7 @@ class Eagle(Drafter):
                                max_pos=512, int8=int8, ids=ids)
         self._trees: dict[tuple, object] = {}    # compiled tree per shape (rank paths)
         self._causals: dict[int, torch.Tensor] = {}
+        self._levels: dict[tuple, tuple] = {}     # a tree level's parent rows and bias, per tree shape (`_level`)
         # a copied continuation (prompt lookup, a match of 2+ tokens) grafted onto each tree where it pays
         self.copy = PromptLookup(min_ngram=2) if copy else None
         self.begin([])
@@ -225,16 +225,15 @@ class Eagle(Drafter):
         lo = min(self.done, n - 1)               # (a second proposal at the same n runs its root again)
         kv.n = lo - self.f_from
         m = n - lo
-        f, lp, ix = self.fast(self.feat[lo:n], torch.tensor(ctx.tokens[lo + 1:n + 1]),
-                              torch.arange(lo + 1, n + 1, device=dev), self._causal(m), kv, last=1, k=K)
+        f, lp, ix = self.fast(self.feat[lo:n], torch.tensor(ctx.tokens[lo + 1:n + 1]), slice(lo + 1, n + 1),
+                              self._causal(m), kv, last=1, k=K)
         self.done = n                            # the root is committed whatever is accepted: its row stays
         # every node drafted, in drafting order: its parent's index (-1 = the root), token and cumulative
         # log-prob (a Python float: float64, so ties break as in drafting order). A level has a few nodes:
         # Python lists cost less than a tensor op each
         parent, tok, score = [], [], []
-        front, base, tn, prev = [-1], [0.0], 0, 0   # the rows just run: their node indices and scores
-        branch = [[]]                            # branch[1 + r]: the tree rows tree row r sees (itself last); [0]
-                                                 # the root's (none)
+        front, base = [-1], [0.0]                # the rows just run: their node indices and scores
+        shape = ()                               # the tree so far: each level's rows of f (the parents expanded)
         t1 = time.perf_counter()                 # when the level being timed began
         for d in range(1, depth + 1):
             first = len(tok)                     # node (row r, rank j) of this level: first + r K + j
@@ -251,16 +250,11 @@ class Eagle(Drafter):
                 if not deeper_pays(math.exp(lvl[pick[0]]), K, level_ms, self.rate):
                     break                                 # the next level cannot pay for its time: stop here
             t1 = time.perf_counter()
-            rows, m = [i // K for i in pick], len(pick)                                 # rows of f (parents)
-            branch += [branch[prev + r] + [tn + j] for j, r in enumerate(rows)]        # their branches, and itself
-            bias = [[_NEG] * (tn + m) for _ in range(m)]                               # [m, tn + m]
-            for j in range(m):
-                for c in branch[1 + tn + j]:
-                    bias[j][c] = 0.0
-            front, base, prev = [first + i for i in pick], [lvl[i] for i in pick], 1 + tn
-            f, lp, ix = self.fast(f[rows], torch.tensor([tok[first + i] for i in pick], device=dev), n + d,
-                                  torch.tensor(bias, device=dev), kv, k=K)
-            tn += m
+            shape += (tuple(i // K for i in pick),)                                     # rows of f (parents)
+            rows, bias = self._level(shape)
+            front, base = [first + i for i in pick], [lvl[i] for i in pick]
+            f, lp, ix = self.fast(f.index_select(0, rows), torch.tensor([tok[first + i] for i in pick], device=dev),
+                                  n + d, bias, kv, k=K)
         kv.n = self.done - self.f_from            # the tree's rows are dropped; the sequence's stay
         rank = list(range(K)) * (len(tok) // K)
         order = sorted(range(len(score)), key=score.__getitem__, reverse=True)     # stable, as drafted
@@ -269,6 +263,27 @@ class Eagle(Drafter):
         if self.sized and self.costs:   # this step's ms: the draft and the score pass of its rows (the tree's)
             self._last = (n, draft_ms + self.costs[min(len(self.costs), -(-prop.tree.size // self.block)) - 1])
         return prop
+
+    def _level(self, shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """A level's parent rows (index into the last level's f) and attention bias [m, tn + m] over the tree rows
+        drafted so far, for a tree whose levels expanded the parents `shape` (a tuple of row tuples, one a level):
+        a tree row sees its ancestors' rows and itself. Built once per shape: a few shapes recur on most steps."""
+        got = self._levels.get(shape)
+        if got is None:
+            branch, tn = [[]], 0               # branch[1 + r]: the tree rows tree row r sees (itself last)
+            for d, rows in enumerate(shape):
+                prev = 1 + tn - len(shape[d - 1]) if d else 0   # the branch index of the last level's row 0
+                branch += [branch[prev + r] + [tn + j] for j, r in enumerate(rows)]
+                tn += len(rows)
+            m = len(shape[-1])
+            see = torch.zeros(m, tn, dtype=torch.bool)
+            for j in range(m):
+                see[j, branch[1 + tn - m + j]] = True
+            if len(self._levels) >= 4096:
+                self._levels.clear()
+            dev = self.fast.device
+            got = self._levels[shape] = (torch.tensor(shape[-1], device=dev), PackedHead.bias(see.to(dev)))
+        return got
 
     def _causal(self, m: int) -> torch.Tensor:
         """The attention bias of m consecutive sequence rows (causal): a step's few rows built once per m, a

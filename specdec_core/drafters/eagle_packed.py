@@ -118,7 +118,7 @@ class PackedHead:
     def __call__(self, f: torch.Tensor, tok: torch.Tensor, pos, bias: torch.Tensor, kv: Scratch, last: int = 0,
                  k: int = 0):
         """f [m, H] the features read (f_{t-1}), tok [m] the tokens x_t after them, at positions `pos` (an int
-        for all m rows, or [m]); bias [m, c] fp32 attention bias over the last c of the kv.n + m rows, 0 where a
+        for all m rows, [m], or a slice of consecutive ones); bias [m, c] fp32 attention bias over the last c of the kv.n + m rows, 0 where a
         row attends and -inf elsewhere (see `bias`): every row sees all rows before those c (the sequence's).
         Appends the m rows' keys and values to kv. -> (features, draft logits) of the last `last` rows, or of all
         m with last = 0 (the other rows give their keys and values only), or with k > 0 (features, the top-k
@@ -128,7 +128,10 @@ class PackedHead:
         The layer's ops run in one scripted function (`_rows`): on a draft this small each op's Python call
         is a measurable share of its cost."""
         m = f.shape[0]
-        top = int(pos) if isinstance(pos, int) else int(pos.max())
+        if isinstance(pos, slice):          # consecutive positions: the tables' rows as a view, no gather
+            top = pos.stop - 1
+        else:
+            top = int(pos) if isinstance(pos, int) else int(pos.max())
         if top >= self.cos.shape[0]:
             self._table(2 * top)
         R0 = kv.n
