@@ -209,38 +209,56 @@ static Tensor dense(const Tensor& x, const Tensor& w, const OptT& s, const OptT&
   return b.has_value() ? y + *b : y;
 }
 
-// A chain group's queries, qk's rows a .. a + n (heads 0 .. Hq), laid out as _span_layers' permute and reshape
-// lay them out ([1, Hkv, G n, D]: key/value head, then query head of it, then row) and zero-padded to a multiple of
-// rows as _pad_to pads them: the tensor the score product gets, in one pass (a copy, so the same bits)
-static Tensor group_queries(const Tensor& qk, int64_t a, int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
-                            int64_t rows) {
-  const int64_t G = Hq / Hkv, R = G * n, Rp = R + (rows - R % rows) % rows, H = qk.size(1);
-  auto q = at::empty({1, Hkv, Rp, D}, qk.options());
-  const float* src = qk.data_ptr<float>();
-  float* dst = q.data_ptr<float>();
+// Attention's query rows and output rows, moved by plain loops (copies and one rounding each, so the same bits as
+// the permutes, reshapes, pads and conversions of _span_layers and _tree_attention, in one pass each).
+//
+// head_rows: q [n, Hq, D] fp32 (heads D apart, any row stride) -> [Hkv, R', D], the G query heads of key/value head
+// h as its rows: row i G + g for node i (a tree's layout) or g n + i (a chain's), zero rows up to a multiple of
+// `rows` (_pad_to)
+static Tensor head_rows(const Tensor& q, int64_t Hkv, int64_t rows, bool by_node) {
+  const int64_t n = q.size(0), Hq = q.size(1), D = q.size(2), G = Hq / Hkv, R = G * n;
+  const int64_t Rp = R + (rows - R % rows) % rows, s0 = q.stride(0);
+  auto x = at::empty({Hkv, Rp, D}, q.options());
+  const float* src = q.data_ptr<float>();
+  float* dst = x.data_ptr<float>();
   for (int64_t h = 0; h < Hkv; ++h) {
     for (int64_t g = 0; g < G; ++g)
       for (int64_t i = 0; i < n; ++i)
-        std::memcpy(dst + ((h * Rp) + g * n + i) * D, src + ((a + i) * H + h * G + g) * D, D * sizeof(float));
+        std::memcpy(dst + (h * Rp + (by_node ? i * G + g : g * n + i)) * D, src + i * s0 + (h * G + g) * D,
+                    D * sizeof(float));
     std::memset(dst + (h * Rp + R) * D, 0, (Rp - R) * D * sizeof(float));
   }
-  return q;
+  return x;
 }
 
-// The attention output o [1, Hkv, >= G n, D] (fp32) of a chain group, back in row order ([n, Hq D], the inverse
-// permute) and converted to att's dtype, into att's rows a .. a + n: the permute, reshape and .to(dtype) of
-// _span_layers, each element converted once (as ATen's conversion rounds)
+static bool head_rows_ok(const Tensor& q) {
+  return q.device().is_cpu() && q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 &&
+      q.stride(1) == q.size(2);
+}
+
+// head_out: attention output o (fp32; node i's query head g of key/value head h at o + h os[0] + i os[1] + g os[2],
+// D floats) -> att's row a + i, or idx[i] where idx is given, heads in q's order, in att's dtype
 template <typename T>
-static void ungroup_rows(const float* o, int64_t Rp, T* att, int64_t a, int64_t n, int64_t Hq, int64_t Hkv,
-                         int64_t D) {
+static void head_out(const float* o, const int64_t* os, T* att, const int64_t* idx, int64_t a, int64_t n,
+                     int64_t Hq, int64_t Hkv, int64_t D) {
   const int64_t G = Hq / Hkv;
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < n; ++i) {
+    T* row = att + (idx != nullptr ? idx[i] : a + i) * Hq * D;
     for (int64_t h = 0; h < Hkv; ++h)
       for (int64_t g = 0; g < G; ++g) {
-        const float* s = o + (h * Rp + g * n + i) * D;
-        T* d = att + ((a + i) * Hq + h * G + g) * D;
-        for (int64_t e = 0; e < D; ++e) d[e] = static_cast<T>(s[e]);
+        const float* src = o + h * os[0] + i * os[1] + g * os[2];
+        T* d = row + (h * G + g) * D;
+        for (int64_t e = 0; e < D; ++e) d[e] = static_cast<T>(src[e]);
       }
+  }
+}
+
+static void scatter_heads(const float* o, const int64_t* os, const Tensor& att, const int64_t* idx, int64_t a,
+                          int64_t n, int64_t Hq, int64_t Hkv, int64_t D) {
+  if (att.scalar_type() == at::kBFloat16)
+    head_out(o, os, att.data_ptr<at::BFloat16>(), idx, a, n, Hq, Hkv, D);
+  else
+    head_out(o, os, att.data_ptr<float>(), idx, a, n, Hq, Hkv, D);
 }
 
 // silu(gu[:, :I]) * gu[:, I:] for gu [n, 2 I]. In bf16, silu takes one of 2^16 inputs, so its results are a table
@@ -280,11 +298,13 @@ static Tensor attention_rows(const Tensor& q, const Tensor& k, const Tensor& v, 
   return at::matmul(at::softmax(s.add_(bias), -1), v).slice(-2, 0, R);
 }
 
+// -> o [Hkv, n, G, D] fp32 (_tree_attention's before its final transpose and reshape)
 static Tensor tree_attention(const Tensor& q, const Tensor& kc, const Tensor& vc, int64_t Hkv, int64_t S, int64_t Sk,
                              int64_t base, const Tensor& gather, const Tensor& bias, const OptT& inv,
                              const OptT& slow, const OptT& slow_gather, bool rescore, int64_t rows) {
   const int64_t n = q.size(0), Hq = q.size(1), D = q.size(2), G = Hq / Hkv;
-  auto x = pad_to(q.view({n, Hkv, G, D}).transpose(0, 1).reshape({Hkv, n * G, D}), rows);
+  auto x = head_rows_ok(q) ? head_rows(q, Hkv, rows, true)
+                           : pad_to(q.view({n, Hkv, G, D}).transpose(0, 1).reshape({Hkv, n * G, D}), rows);
   auto s = at::matmul(x, kc.slice(1, 0, Sk).to(at::kFloat).transpose(-1, -2));
   const int64_t w = gather.size(-1);
   auto tail = s.slice(-1, base).gather(-1, gather.expand({Hkv, -1, -1})).add_(bias);
@@ -316,7 +336,7 @@ static Tensor tree_attention(const Tensor& q, const Tensor& kc, const Tensor& vc
     }
     o.index_put_({Slice(), *slow}, at::matmul(pad_to(pm, rows), v).slice(-2, 0, G));
   }
-  return o.transpose(0, 1).reshape({n, Hq, D});
+  return o;                                                     // [Hkv, n, G, D]: the caller puts it in row order
 }
 
 Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor& scale, const Tensors& biases,
@@ -340,32 +360,25 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
     auto qk = rope_kv(qkv, cos, sin, scale, kr, vr, s0, N, Hq, Hkv, D);                  // [Np, Hq + Hkv, D]
     // the attention output in x's dtype, [Np, Hq D]: each element converted once, as .to(dtype) converts it
     auto att = many ? at::zeros({Np, Hq * D}, x.options()) : at::empty({Np, Hq * D}, x.options());
-    const bool loops = qk.is_contiguous() && qk.scalar_type() == at::kFloat &&
-        (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat);
+    TORCH_CHECK(qk.is_contiguous() && qk.scalar_type() == at::kFloat &&
+                (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat), "span_layers: bf16 or fp32");
     for (size_t j = 0; j < starts.size(); ++j) {
       const int64_t a = starts[j], n = counts[j], S = key_lens[j];
       auto k = kr.slice(1, 0, S).to(at::kFloat).unsqueeze(0), v = vr.slice(1, 0, S).to(at::kFloat).unsqueeze(0);
-      if (loops) {       // the queries gathered, the output scattered back, by the two loops above
-        auto o = attention_rows(group_queries(qk, a, n, Hq, Hkv, D, rows), k, v, biases[j], rows).contiguous();
-        if (x.scalar_type() == at::kBFloat16)
-          ungroup_rows(o.data_ptr<float>(), o.size(2), att.data_ptr<at::BFloat16>(), a, n, Hq, Hkv, D);
-        else
-          ungroup_rows(o.data_ptr<float>(), o.size(2), att.data_ptr<float>(), a, n, Hq, Hkv, D);
-        continue;
-      }
-      auto q = qk.slice(0, a, a + n).slice(1, 0, Hq).view({n, Hkv, G, D}).permute({1, 2, 0, 3})
-                   .reshape({1, Hkv, G * n, D});
-      auto o = attention_rows(q, k, v, biases[j], rows).view({Hkv, G, n, D}).permute({2, 0, 1, 3})
-                   .reshape({n, Hq * D});
-      att.slice(0, a, a + n).copy_(o);
+      auto q = head_rows(qk.slice(0, a, a + n).slice(1, 0, Hq), Hkv, rows, false).unsqueeze(0);   // [1, Hkv, R', D]
+      auto o = attention_rows(q, k, v, biases[j], rows).contiguous();                           // [1, Hkv, R', D]
+      const int64_t os[3] = {o.size(2) * D, D, n * D};
+      scatter_heads(o.data_ptr<float>(), os, att, nullptr, a, n, Hq, Hkv, D);
     }
     for (size_t j = 0; j < t_idx.size(); ++j) {
       const int64_t a = t_first[j], n = t_idx[j].size(0);   // a >= 0: the nodes are queries a .. a + n - 1
       auto q = a >= 0 ? qk.slice(0, a, a + n).slice(1, 0, Hq) : qk.slice(1, 0, Hq).index({t_idx[j]});
       auto o = tree_attention(q, kr, vr, Hkv, t_S[j], t_Sk[j], t_base[j], t_gather[j], t_bias[j], t_inv[j],
-                              t_slow[j], t_slow_gather[j], t_rescore[j], rows).reshape({n, Hq * D});
-      if (a >= 0) att.slice(0, a, a + n).copy_(o);
-      else att.index_put_({t_idx[j]}, o.to(x.scalar_type()));
+                              t_slow[j], t_slow_gather[j], t_rescore[j], rows);                 // [Hkv, n, G, D]
+      TORCH_CHECK(o.stride(3) == 1, "span_layers: tree output rows");
+      const int64_t os[3] = {o.stride(0), o.stride(1), o.stride(2)};
+      const auto idx = a >= 0 ? Tensor() : t_idx[j].to(at::kLong).contiguous();
+      scatter_heads(o.data_ptr<float>(), os, att, a >= 0 ? nullptr : idx.data_ptr<int64_t>(), a, n, Hq, Hkv, D);
     }
     auto x2 = add_rms(x, dense(att, o_w[l], sc[l][1], o_b[l], max_rows, rows), ln2[l], eps);
     auto gu = dense(x2.second, gu_w[l], sc[l][2], std::nullopt, max_rows, rows);           // [Np, 2 I]
