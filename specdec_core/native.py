@@ -4,10 +4,13 @@ them; TorchScript elsewhere.
 forward._span_layers runs a one-row call's decoder layers (a decode step, a chain verify, a tree, a prefill) as one
 TorchScript function. Its ~90 small ops a layer each pass through TorchScript's interpreter, which boxes every
 argument and result; csrc/span.cpp calls the same ATen ops, in the same order, straight from C++, so the logits
-and the cache are bitwise the same (tests/test_native.py) and a step is shorter by the interpreter's share; two
-stretches of elementwise ops (RoPE with the cache writes; RMSNorm's parts around ATen's sum, with the residual add
-before it) are plain loops that compute the same bits (docs/forward.md says why they can). Measured on a 2-core
-Xeon: a one-token step 2.7 ms shorter (of ~23.9). The EAGLE head's layer (drafters/eagle_packed._rows), run once per
+and the cache are bitwise the same (tests/test_native.py) and a step is shorter by the interpreter's share; the
+elementwise stretches (RoPE with the cache writes; RMSNorm's parts around ATen's sum, with the residual add before
+it; SwiGLU through a table of ATen's bf16 silu) and attention's row moves (queries into each key/value head's rows,
+the output back in row order, converted once) are plain loops that compute the same bits (docs/forward.md says why
+they can). Measured on a 2-core
+Xeon: a one-token step 2.7 ms shorter (of ~23.9) with the first loops, ~0.45 ms more with the row moves and SwiGLU.
+The EAGLE head's layer (drafters/eagle_packed._rows), run once per
 tree level, is ported the same way.
 
 It is built once per machine with torch's extension builder (a C++ compiler and ninja; ~30 s on 2 cores) into

@@ -350,7 +350,7 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
                    const OptTensors& t_slow, const OptTensors& t_slow_gather, const std::vector<bool>& t_rescore,
                    const Ints& t_first, int64_t rows) {
   c10::InferenceMode guard;
-  const int64_t Np = x.size(0), G = Hq / Hkv;
+  const int64_t Np = x.size(0);
   const bool many = starts.size() + t_idx.size() > 1 || N != Np;
   const size_t L = ln1.size();
   Tensor h = L ? rms_norm(x, ln1[0], eps) : x;                 // layer l's normed input (a residual add's, below)
