@@ -276,9 +276,11 @@ class Eagle(Drafter):
                 branch += [branch[prev + r] + [tn + j] for j, r in enumerate(rows)]
                 tn += len(rows)
             m = len(shape[-1])
-            see = torch.zeros(m, tn, dtype=torch.bool)
+            see = bytearray(m * tn)                # row j: the tree rows level row j sees
             for j in range(m):
-                see[j, branch[1 + tn - m + j]] = True
+                for c in branch[1 + tn - m + j]:
+                    see[j * tn + c] = 1
+            see = torch.frombuffer(see, dtype=torch.bool).view(m, tn)
             if len(self._levels) >= 4096:
                 self._levels.clear()
             dev = self.fast.device
