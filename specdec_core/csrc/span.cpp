@@ -218,6 +218,7 @@ static Tensor dense(const Tensor& x, const Tensor& w, const OptT& s, const OptT&
 static Tensor head_rows(const Tensor& q, int64_t Hkv, int64_t rows, bool by_node) {
   const int64_t n = q.size(0), Hq = q.size(1), D = q.size(2), G = Hq / Hkv, R = G * n;
   const int64_t Rp = R + (rows - R % rows) % rows, s0 = q.stride(0);
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == D, "head_rows: fp32 heads");
   auto x = at::empty({Hkv, Rp, D}, q.options());
   const float* src = q.data_ptr<float>();
   float* dst = x.data_ptr<float>();
@@ -229,11 +230,6 @@ static Tensor head_rows(const Tensor& q, int64_t Hkv, int64_t rows, bool by_node
     std::memset(dst + (h * Rp + R) * D, 0, (Rp - R) * D * sizeof(float));
   }
   return x;
-}
-
-static bool head_rows_ok(const Tensor& q) {
-  return q.device().is_cpu() && q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 &&
-      q.stride(1) == q.size(2);
 }
 
 // head_out: attention output o (fp32; node i's query head g of key/value head h at o + h os[0] + i os[1] + g os[2],
@@ -292,10 +288,10 @@ static Tensor swiglu(const Tensor& gu) {
   return out;
 }
 
-static Tensor attention_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, int64_t rows) {
-  const int64_t R = q.size(-2);
-  auto s = at::matmul(pad_to(q, rows), k.transpose(-1, -2));
-  return at::matmul(at::softmax(s.add_(bias), -1), v).slice(-2, 0, R);
+// _attention_rows for queries head_rows has already padded: softmax(q k^T + bias) v, every padded row kept
+static Tensor attention_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias) {
+  auto s = at::matmul(q, k.transpose(-1, -2));
+  return at::matmul(at::softmax(s.add_(bias), -1), v);
 }
 
 // -> o [Hkv, n, G, D] fp32 (_tree_attention's before its final transpose and reshape)
@@ -303,8 +299,7 @@ static Tensor tree_attention(const Tensor& q, const Tensor& kc, const Tensor& vc
                              int64_t base, const Tensor& gather, const Tensor& bias, const OptT& inv,
                              const OptT& slow, const OptT& slow_gather, bool rescore, int64_t rows) {
   const int64_t n = q.size(0), Hq = q.size(1), D = q.size(2), G = Hq / Hkv;
-  auto x = head_rows_ok(q) ? head_rows(q, Hkv, rows, true)
-                           : pad_to(q.view({n, Hkv, G, D}).transpose(0, 1).reshape({Hkv, n * G, D}), rows);
+  auto x = head_rows(q, Hkv, rows, true);                                                // [Hkv, R', D]
   auto s = at::matmul(x, kc.slice(1, 0, Sk).to(at::kFloat).transpose(-1, -2));
   const int64_t w = gather.size(-1);
   auto tail = s.slice(-1, base).gather(-1, gather.expand({Hkv, -1, -1})).add_(bias);
@@ -366,8 +361,9 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
       const int64_t a = starts[j], n = counts[j], S = key_lens[j];
       auto k = kr.slice(1, 0, S).to(at::kFloat).unsqueeze(0), v = vr.slice(1, 0, S).to(at::kFloat).unsqueeze(0);
       auto q = head_rows(qk.slice(0, a, a + n).slice(1, 0, Hq), Hkv, rows, false).unsqueeze(0);   // [1, Hkv, R', D]
-      auto o = attention_rows(q, k, v, biases[j], rows).contiguous();                           // [1, Hkv, R', D]
-      const int64_t os[3] = {o.size(2) * D, D, n * D};
+      auto o = attention_rows(q, k, v, biases[j]);                                              // [1, Hkv, R', D]
+      TORCH_CHECK(o.stride(3) == 1, "span_layers: attention output rows");
+      const int64_t os[3] = {o.stride(1), o.stride(2), n * o.stride(2)};
       scatter_heads(o.data_ptr<float>(), os, att, nullptr, a, n, Hq, Hkv, D);
     }
     for (size_t j = 0; j < t_idx.size(); ++j) {

@@ -270,15 +270,14 @@ class Eagle(Drafter):
         a tree row sees its ancestors' rows and itself. Built once per shape: a few shapes recur on most steps."""
         got = self._levels.get(shape)
         if got is None:
-            branch, tn = [[]], 0               # branch[1 + r]: the tree rows tree row r sees (itself last)
-            for d, rows in enumerate(shape):
-                prev = 1 + tn - len(shape[d - 1]) if d else 0   # the branch index of the last level's row 0
-                branch += [branch[prev + r] + [tn + j] for j, r in enumerate(rows)]
+            tn, last = 0, [[]]                 # tree rows so far; the last level's rows' branches (the root's: none)
+            for rows in shape:                 # a row's branch: its parent's, then itself
+                last = [last[r] + [tn + j] for j, r in enumerate(rows)]
                 tn += len(rows)
-            m = len(shape[-1])
+            m = len(last)
             see = bytearray(m * tn)                # row j: the tree rows level row j sees
-            for j in range(m):
-                for c in branch[1 + tn - m + j]:
+            for j, branch in enumerate(last):
+                for c in branch:
                     see[j * tn + c] = 1
             see = torch.frombuffer(see, dtype=torch.bool).view(m, tn)
             if len(self._levels) >= 4096:

@@ -118,8 +118,9 @@ class PackedHead:
     def __call__(self, f: torch.Tensor, tok: torch.Tensor, pos, bias: torch.Tensor, kv: Scratch, last: int = 0,
                  k: int = 0):
         """f [m, H] the features read (f_{t-1}), tok [m] the tokens x_t after them, at positions `pos` (an int
-        for all m rows, [m], or a slice of consecutive ones); bias [m, c] fp32 attention bias over the last c of the kv.n + m rows, 0 where a
-        row attends and -inf elsewhere (see `bias`): every row sees all rows before those c (the sequence's).
+        for all m rows, [m], or a slice of consecutive ones); bias [m, c] fp32 attention bias over the last c of
+        the kv.n + m rows, 0 where a row attends and -inf elsewhere (see `bias`): every row sees all rows before
+        those c (the sequence's).
         Appends the m rows' keys and values to kv. -> (features, draft logits) of the last `last` rows, or of all
         m with last = 0 (the other rows give their keys and values only), or with k > 0 (features, the top-k
         draft log-probs [., k] fp32 of those rows, their target ids [., k]).
