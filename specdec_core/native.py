@@ -70,7 +70,7 @@ def _build(verbose: bool):
             print(f"loading the forward's C++ layer loop ({SRC.name}; built first where it is new: ~30 s)",
                   file=sys.stderr)
         # -ffp-contract=off: no product and sum fused into an FMA, so the loops round as ATen's ops do
-        mod = cpp_extension.load("specdec_span", [str(SRC)], extra_cflags=["-O3", "-ffp-contract=off"],
+        mod = cpp_extension.load("specdec_span", [str(SRC)], extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
                                  build_directory=str(BUILD), verbose=False)
         return mod, ""
     except Exception as e:   # no compiler, no ninja, a failed build: the TorchScript loop runs instead

@@ -27,6 +27,15 @@ def ext():
     return m
 
 
+@pytest.fixture
+def faithful(ext):
+    """The draft's own loops off (csrc/span.cpp's draft_loops): the C++ functions run ATen's ops, op for op, as the
+    TorchScript ones do."""
+    was = ext.draft_loops(False)
+    yield ext
+    ext.draft_loops(was)
+
+
 def calls(lm, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
     """A prefill past MAX_ROWS, a chunk crossing a key block, decode steps, a verify of 16, and trees whose nodes
     sit inside a key block and across one (slow nodes)."""
@@ -66,8 +75,10 @@ def test_the_cpp_loop_is_the_scripted_loop_bit_for_bit(either, ext, monkeypatch,
     assert torch.equal(ka, kb)
 
 
-def test_an_int8_draft_network_runs_the_same_in_either_loop(bundled, ext, monkeypatch):
-    """A draft model's int8 products (no row padding) through the C++ loop: the scripted loop's bits."""
+def test_an_int8_draft_network_runs_the_same_in_either_loop(bundled, faithful, monkeypatch):
+    """A draft model's int8 products (no row padding) through the C++ loop, its own int8 kernel off: the scripted
+    loop's bits."""
+    ext = faithful
     if not fw.int8_ok(torch.device("cpu"), torch.bfloat16):
         pytest.skip("this build of torch has no CPU int8 weight product")
     full = fw.Forward.from_model(bundled.model, int8=True)
@@ -94,10 +105,11 @@ def test_without_a_build_the_scripted_loop_runs_and_says_why(monkeypatch):
     assert "could not be built" in native.why() and "command not found" in native.why()
 
 
-def test_the_cpp_eagle_level_is_the_scripted_one(either, ext, monkeypatch):
+def test_the_cpp_eagle_level_is_the_scripted_one(either, faithful, monkeypatch):
     """The EAGLE head's layer (a proposal's root rows, then one call per tree level) through csrc/span.cpp's
-    eagle_rows and through the scripted _rows: every call's features, draft log-probs and ids bit for bit, over a
-    decode (int8 products in bf16, oneDNN-packed fp32 ones in fp32)."""
+    eagle_rows, its own loops off, and through the scripted _rows: every call's features, draft log-probs and ids
+    bit for bit, over a decode (int8 products in bf16, oneDNN-packed fp32 ones in fp32)."""
+    ext = faithful
     import specdec_core.drafters.eagle_packed as ep
     from specdec_core import make_drafter, run
     prompt = either.encode("Write a Python function that merges two sorted lists into one sorted list.")
@@ -118,3 +130,99 @@ def test_the_cpp_eagle_level_is_the_scripted_one(either, ext, monkeypatch):
     assert ia == ib and len(a) == len(b) > 10
     for i, (x, y) in enumerate(zip(a, b)):
         assert all(torch.equal(u, v) for u, v in zip(x, y)), f"call {i}"
+
+
+def _int8_weight(N: int, K: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+    return w, (torch.rand(N, generator=g) * 0.01 + 1e-3).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("N,K", [(64, 576), (36, 1536), (8, 8224)])
+def test_the_int8_kernel_is_the_product_up_to_bf16_rounding_row_by_row(ext, N, K):
+    """csrc/span.cpp's int8 product (int16 activations, exact int32 sums; K = 8224 crosses the 8192 a lane can
+    sum without overflow): within bf16's rounding (half a unit: 2^-8 of the value) of the exact product plus what
+    rounding x to int16 can move it by, and each row
+    of a batch is that row alone, bit for bit (a draft stays batch-invariant)."""
+    w, s = _int8_weight(N, K, K)
+    g = torch.Generator().manual_seed(N)
+    for m in (1, 2, 3, 4, 5, 9):
+        x = torch.randn(m, K, generator=g)
+        x[:, 7] *= 60                                   # an outlier channel, as hidden states have
+        x = x.to(torch.bfloat16)
+        y = ext.int8_product(x, w, s)
+        ref = x.double() @ w.double().T * s.double()                                  # [m, N]
+        # rounding x to 1/32767 of its row's largest |x| moves the sum by at most half a step a weight
+        q = x.double().abs().amax(1, keepdim=True) / 32767 / 2 * (w.double().abs().sum(1) * s.double())
+        assert y.dtype == torch.bfloat16 and y.shape == (m, N)
+        assert ((y.double() - ref).abs() <= 2 ** -8 * (ref.abs() + q) + q * 1.001).all()
+        assert torch.equal(torch.cat([ext.int8_product(x[i:i + 1], w, s) for i in range(m)]), y)
+
+
+def test_the_int8_kernel_does_not_overflow_and_falls_back_where_it_does_not_fit(ext):
+    K = 8192                                            # a lane's most: 512 products of 32767 * 127 in int32
+    w = torch.full((4, K), 127, dtype=torch.int8)
+    w[1] = -127
+    s = torch.ones(4, dtype=torch.bfloat16)
+    x = torch.full((1, K), 3.0, dtype=torch.bfloat16)
+    y = ext.int8_product(x, w, s)
+    exact = torch.tensor([3.0 * 127 * K, -3.0 * 127 * K], dtype=torch.float64).to(torch.bfloat16)
+    assert torch.equal(y[0, :2], exact)
+    w, s = _int8_weight(8, 48, 1)                       # K not a multiple of 32: ATen's product, its bits
+    x = torch.randn(3, 48).to(torch.bfloat16)
+    assert torch.equal(ext.int8_product(x, w, s), torch.ops.aten._weight_int8pack_mm(x, w, s))
+    was = ext.draft_loops(False)                        # off: ATen's product whatever the shape
+    try:
+        w, s = _int8_weight(8, 64, 2)
+        x = torch.randn(2, 64).to(torch.bfloat16)
+        assert torch.equal(ext.int8_product(x, w, s), torch.ops.aten._weight_int8pack_mm(x, w, s))
+    finally:
+        ext.draft_loops(was)
+
+
+def test_the_draft_loops_compute_the_eagle_head_in_fp32(bundled_fp32, ext):
+    """The EAGLE level's own attention (its exp) and top-k loops, on the bundled target's shapes (head dim 64): the
+    packed head in fp32 against the trained module's forward (tests/eagle_ref.py), features and top-k draft
+    log-probs to ~1e-5, the same ids; over the sequence's causal rows, then tree rows that see different branches."""
+    from specdec_core.drafters.eagle import Eagle, Head
+    from tests.eagle_ref import ModuleStep
+    from specdec_core.drafters.eagle_packed import PackedHead
+    assert ext.draft_loops(True)
+    torch.manual_seed(0)
+    head = Head.for_target(bundled_fp32.model)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    d = Eagle(bundled_fp32, head.eval(), manifest={}, depth=3, topk=3, nodes=8, int8=False)
+    ref = ModuleStep(d)
+    f0, f1 = torch.randn(40, 576), torch.randn(3, 576)
+    causal = PackedHead.bias(torch.ones(40, 40, dtype=torch.bool).tril())
+    branch = PackedHead.bias(torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool))
+    outs = []
+    with torch.inference_mode():
+        for step in (d.fast, ref):
+            kv = step.scratch(8)
+            a = step(f0, torch.arange(100, 140), torch.arange(1, 41), causal, kv, k=4)
+            b = step(f1, torch.tensor([5, 6, 7]), 41, branch, kv, k=4)
+            outs.append((a, b))
+    for (fa, la, ia), (fb, lb, ib) in zip(*outs):
+        torch.testing.assert_close(fa, fb, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(la, lb, atol=1e-4, rtol=1e-5)
+        assert torch.equal(ia, ib)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_draft_top_k_is_the_log_softmax_top_k(ext, dtype):
+    """csrc/span.cpp's one-pass top-k log-probs (its own exp): torch's log_softmax values to ~1e-6, the same
+    indices, largest first; rows of 4096 and of a length that leaves a tail of a vector."""
+    g = torch.Generator().manual_seed(3)
+    for V, k, tol in ((4096, 2, 2e-6), (4096, 8, 2e-6), (1000, 3, 2e-6), (49152, 4, 2e-5)):   # fp32 sums' error
+        y = (torch.randn(3, V, generator=g) * 4).to(dtype)
+        lp, ix = ext.draft_top(y, k)
+        ref = torch.log_softmax(y.double(), -1)
+        want = torch.topk(ref, k, -1)
+        torch.testing.assert_close(lp.double(), want.values, atol=tol, rtol=0)
+        assert torch.equal(ref.gather(1, ix), want.values)      # the k largest (in bf16 a tie may pick another)
+    y = torch.zeros(1, 64)
+    y[0, 9] = y[0, 40] = 1.0
+    assert ext.draft_top(y, 3)[1].tolist() == [[9, 40, 0]]      # ties: the lower index first

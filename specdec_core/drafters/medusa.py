@@ -27,7 +27,7 @@ from torch import nn
 from ..tree import Tree, compile_tree
 from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
                weights_for)
-from .packed import mm, product
+from .packed import mm, product, top_logprobs
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "medusa.safetensors"
@@ -90,10 +90,10 @@ class PackedHeads:
         head's probability of them (softmax over the tokens it ranks)."""
         y = mm(self.blocks, h.to(self.dtype)[None]).view(self.n, self.H)                            # [n, H]
         x = h.float() + F.silu(self.b + y)                                                          # [n, H] fp32
-        logits = mm(self.lm, x.to(self.dtype)).float()                                              # [n, v]
-        val, top = torch.topk(logits, k, dim=-1)                                                    # [n, k]
+        logits = mm(self.lm, x.to(self.dtype))                                                      # [n, v]
+        lp, top = top_logprobs(logits, k)                                                           # [n, k]
         ids = self.ids[top] if self.ids is not None else top
-        return (ids, (val - torch.logsumexp(logits, -1, keepdim=True)).exp()) if probs else ids
+        return (ids, lp.exp()) if probs else ids
 
 
 def load_heads(path: Path = WEIGHTS) -> tuple[Heads, dict]:
