@@ -13,6 +13,13 @@ Xeon: a one-token step 2.7 ms shorter (of ~23.9) with the first loops, ~0.45 ms 
 The EAGLE head's layer (drafters/eagle_packed._rows), run once per
 tree level, is ported the same way.
 
+Drafts also get loops of their own, which round differently from ATen's ops (a draft may: verification is exact
+whatever it proposes): an int8-weight product with int16 activations on AVX-512 VNNI (`int8_product`; every int8
+draft product, in either loop or through drafters/packed.mm), EAGLE's level attention and a one-pass top-k of
+log-probs (`draft_top`). `draft_loops(False)` turns them off, so the bitwise tests compare ATen's ops op for op.
+They are compiled for AVX-512 (F, BW, VNNI) and chosen at run time: on a CPU without it ATen's ops run. The build
+passes -fopenmp so that ATen's parallel_for, inlined here, splits work over torch's own OpenMP threads.
+
 It is built once per machine with torch's extension builder (a C++ compiler and ninja; ~30 s on 2 cores) into
 `.build/` beside the package, at `make setup` or else at first use, and reused while the source is unchanged.
 Where there is no compiler, the build fails or SPECDEC_NATIVE=0 is set, `op(name)` is None and the TorchScript

@@ -223,6 +223,7 @@ def test_the_draft_top_k_is_the_log_softmax_top_k(ext, dtype):
         want = torch.topk(ref, k, -1)
         torch.testing.assert_close(lp.double(), want.values, atol=tol, rtol=0)
         assert torch.equal(ref.gather(1, ix), want.values)      # the k largest (in bf16 a tie may pick another)
-    y = torch.zeros(1, 64)
-    y[0, 9] = y[0, 40] = 1.0
-    assert ext.draft_top(y, 3)[1].tolist() == [[9, 40, 0]]      # ties: the lower index first
+    if ext.draft_loops_fit():                                   # the loop's own rule (torch.topk has none)
+        y = torch.zeros(1, 64)
+        y[0, 9] = y[0, 40] = 1.0
+        assert ext.draft_top(y, 3)[1].tolist() == [[9, 40, 0]]  # ties: the lower index first

@@ -1,7 +1,8 @@
 // forward._span_layers in C++: the same ATen ops in the same order, so the same bits, without TorchScript's
 // interpreter between them (forward.py's module docstring says why each op is there; native.py loads this).
 // Keep it in step with _span_layers, _tree_attention, _attention_rows, _dense, _rms_norm, _rotate and _pad_to:
-// tests/test_native.py holds the two bitwise equal.
+// tests/test_native.py holds the two bitwise equal. Drafts' products and EAGLE's level also have loops of their own
+// (int8_product, draft_attention, draft_top), which round differently; draft_loops(false) turns them off for that test.
 #include <torch/extension.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -770,5 +771,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_product", &int8_product, "x @ (w * s)^T for a draft's int8 weights (the kernel where it fits, else ATen's)",
         py::call_guard<py::gil_scoped_release>());
   m.def("draft_top", &draft_top, "(the k largest log-softmax values of each row of y [n, V], their indices)");
+  m.def("draft_loops_fit", &i8_kernel_ok, "whether this CPU runs the draft's loops (AVX-512 F, BW and VNNI)");
   m.def("draft_loops", &draft_loops, "the draft's own loops on, or off (ATen's ops, op for op); -> were they on");
 }

@@ -24,17 +24,22 @@ on 73%).
 What is left is mostly reading weights: a level reads fc, the layer and the draft-vocabulary LM head (8192
 rows then, 4096 now: drafters.md's EAGLE section), about 18 MB in bf16 then, and a 5-deep tree runs 5 calls.
 So on the CPU (`int8=True`, Eagle's default there) every weight is stored in int8 with a scale per output row
-(forward.Dense's int8: half the bytes, ATen's weight-only int8 product, the activations in the model dtype).
-Measured on a 2-core AMD EPYC (avx512_bf16, no AMX), the bundled target, the fresh code and JSON prompts side by
-side: the draft 3.21 ms a step against 4.42 with bf16 weights, 3.39 tokens a step against 3.37, 148 against 136
-tokens/s. The product is ATen's own vectorized loop, not a oneDNN or AMX
-kernel, so a CPU with AMX runs the same code; at a few rows it is bound by the bytes it reads on either kind.
+(forward.Dense's int8: half the bytes, the activations in the model dtype). Measured on a 2-core AMD EPYC
+(avx512_bf16, no AMX), the bundled target, the fresh code and JSON prompts side by side, with ATen's weight-only int8
+product: the draft 3.21 ms a step against 4.42 with bf16 weights, 3.39 tokens a step against 3.37, 148 against 136
+tokens/s.
 
 The rest of a level is ~60 small ops on a few rows, each costing more to dispatch than to compute. Where native.py
-can build it, the level runs csrc/span.cpp's eagle_rows instead of the scripted _rows: the same ATen calls from C++,
-with RMSNorm's and RoPE's elementwise parts (and the scratch writes) as loops, bitwise _rows (tests/test_native.py).
-Measured side by side on a 2-core Xeon with AMX, the fresh code and JSON prompts: the draft 4.34 ms a step against
-5.18, 104 against 93 tokens/s, the same tokens.
+can build it, the level runs csrc/span.cpp's eagle_rows instead of the scripted _rows: the same layer from C++, with
+RMSNorm's and RoPE's elementwise parts (and the scratch writes) as loops. Measured side by side on a 2-core Xeon with
+AMX, the fresh code and JSON prompts: the draft 4.34 ms a step against 5.18, 104 against 93 tokens/s, the same
+tokens. Its draft loops (on by default; `draft_loops(False)` makes eagle_rows bitwise _rows, tests/test_native.py)
+then replace three ATen calls whose cost at two rows is not arithmetic: the int8 products (ATen's loop converts
+every weight to fp32 and was bound by its instructions: csrc/span.cpp's int16 x int8 kernel on AVX-512 VNNI, 2.3x
+faster at 1-2 rows), attention over the head's sequence (two batched products, a softmax and their views: one loop
+per query) and the top-k of the level's log-probs (torch.topk took 30 us for 2 of 4096). They round differently from
+ATen's, which can only move the draft. Measured side by side on the same Xeon, the fresh code and JSON prompts: the
+draft 3.32 ms a step (median) against 4.40, 3.40 tokens a step against 3.37, 106.7 against 101.8 tokens/s.
 """
 from __future__ import annotations
 
