@@ -103,7 +103,26 @@ class Dense:
         return self.w if self.packed is None else self.packed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.s is not None:   # int8: each row alone, no padding; the C++ loop's kernel where it is built
+            y = int8_product(x, self.packed, self.s)
+            return y if self.b is None else y + self.b
         return _dense(x, self.weight, self.s, self.b, self.packed is not None, MAX_ROWS, ROWS)
+
+
+@functools.lru_cache(maxsize=None)
+def native_op(name: str):
+    """One of csrc/span.cpp's functions where native.py builds it (and SPECDEC_NATIVE is not 0), else None.
+    Resolved once a process."""
+    from . import native
+    return native.op(name)
+
+
+def int8_product(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x [m, K] @ (w int8 [N, K] * s)^T in x's dtype: csrc/span.cpp's int8_product where it is built (its own kernel
+    where it fits, else ATen's), which the C++ layer loop also calls, so a draft's products are the same bits on
+    every path; ATen's weight-only int8 product elsewhere."""
+    op = native_op("int8_product")
+    return op(x.contiguous(), w, s) if op is not None else torch.ops.aten._weight_int8pack_mm(x, w, s)
 
 
 @functools.lru_cache(maxsize=None)
@@ -277,7 +296,9 @@ class Forward:
         # a network of int8 products only (a draft model) needs no row padding: they compute each row alone
         self.pad = 1 if all(d.s is not None for b in blocks for d in (b.qkv, b.o, b.gu, b.down)) \
             and head.s is not None else ROWS
-        if all(d.packed is not None for b in blocks for d in (b.qkv, b.o, b.gu, b.down)):
+        # every product packed: attention in csrc/span.cpp's loop where it is built (_attend), on every path
+        self._packed = all(d.packed is not None for b in blocks for d in (b.qkv, b.o, b.gu, b.down))
+        if self._packed:
             self._w = ([b.ln1 for b in blocks], [b.qkv.packed for b in blocks], [b.qkv.b for b in blocks],
                        [b.o.packed for b in blocks], [b.o.b for b in blocks], [b.ln2 for b in blocks],
                        [b.gu.packed for b in blocks], [b.down.packed for b in blocks],
@@ -382,6 +403,12 @@ class Forward:
         N, Hq, D = q.shape
         Hkv, G = self.n_kv, Hq // self.n_kv
         kc, vc = cache.k[l], cache.v[l]
+        # with packed products (one-row calls in the C++ loop), csrc/span.cpp's attention loop, as that loop runs
+        # it: the same bits a query. Plain products keep ATen's (transformers' eager forward, bit for bit)
+        if self._packed and native_op("attend_chain") is not None:
+            out = q.new_zeros(N, Hq * D)
+            if _attend_own(q, kc, vc, groups, out):
+                return out
         out = None if whole and n_real == N else q.new_zeros(N, Hq, D)
         for kind, S, r, idx, aux, bias, span in groups:   # aux: chains' real-query mask, trees' TreePlan
             if kind == "chain" and span is not None:
@@ -520,6 +547,31 @@ class Forward:
         logits = self.head(hs).float()
         logits = self.vocab.scatter(logits) if self.vocab is not None else logits
         return (logits, h) if hidden else logits
+
+
+def _attend_own(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, groups, out: torch.Tensor) -> bool:
+    """Forward._attend's groups through csrc/span.cpp's attention loop, into out [N, Hq D] fp32: chains row by row
+    (their real queries), trees per row. -> False where the loop does not fit (nothing written that counts)."""
+    chain, tree = native_op("attend_chain"), native_op("attend_tree")
+    for kind, S, r, idx, aux, bias, span in groups:
+        if kind == "chain" and span is not None:
+            row, a, n = span
+            qs = list(range(a, a + n))
+            if not chain(q, kc[row], vc[row], bias[0, 0], S, qs, out, qs):
+                return False
+        elif kind == "chain":
+            rs = list(range(r.start, r.stop)) if isinstance(r, slice) else r.tolist()
+            n = idx.shape[1]
+            real = aux.view(-1, n).sum(1).tolist()
+            for i, (row, qi) in enumerate(zip(rs, idx.tolist())):
+                qs = qi[:real[i]]                          # the padding repeats a real query at the end
+                if not chain(q, kc[row], vc[row], bias[i, 0], S, qs, out, qs):
+                    return False
+        else:
+            qs = idx.tolist()
+            if not tree(q, kc[r], vc[r], aux.gather, aux.bias, aux.base, qs, out, qs):
+                return False
+    return True
 
 
 def loop_name(f: "Forward | None") -> str:

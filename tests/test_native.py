@@ -29,11 +29,12 @@ def ext():
 
 @pytest.fixture
 def faithful(ext):
-    """The draft's own loops off (csrc/span.cpp's draft_loops): the C++ functions run ATen's ops, op for op, as the
-    TorchScript ones do."""
-    was = ext.draft_loops(False)
+    """The draft's loops and the attention loop off (csrc/span.cpp's draft_loops, own_attention): the C++ functions
+    run ATen's ops, op for op, as the TorchScript ones do."""
+    was, att = ext.draft_loops(False), ext.own_attention(False)
     yield ext
     ext.draft_loops(was)
+    ext.own_attention(att)
 
 
 def calls(lm, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -56,10 +57,10 @@ def calls(lm, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
 
 
 @pytest.mark.parametrize("probe", [None, (False, True)])
-def test_the_cpp_loop_is_the_scripted_loop_bit_for_bit(either, ext, monkeypatch, probe):
-    """probe (False, True): a device whose slot-order scores are not a chain's, so every tree node gathers and is
-    scored again as a chain (the tree path's rescore branch)."""
-    lm = either
+def test_the_cpp_loop_is_the_scripted_loop_bit_for_bit(either, faithful, monkeypatch, probe):
+    """With ATen's attention (own_attention off): probe (False, True) is a device whose slot-order scores are not
+    a chain's, so every tree node gathers and is scored again as a chain (the tree path's rescore branch)."""
+    lm, ext = either, faithful
     if probe is not None:
         f = lm.fwd
         monkeypatch.setitem(fw._IN_PLACE, (str(f.device), f.n_kv, f.n_heads // f.n_kv, f.head_dim), probe)

@@ -217,6 +217,18 @@ I8_TARGET static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+// e^x for 16 lanes: x = n ln2 + r (|r| <= ln2 / 2), e^r by its Taylor polynomial to r^7 (relative error < 1e-7),
+// times 2^n; x clamped to [-104, 88.7] first, so -inf gives 0 (2^-150 underflows) and no lane overflows.
+I8_TARGET static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-104.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);     // ln 2 in two parts: n ln2 exact enough
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
 // MR rows of xq [., K] int16 (scales sx) against weight rows n .. n + 3 of w [N, K] -> y[., n .. n + 3]. A lane adds
 // K / 16 products of at most 32767 * 128 in int32: exact up to K = 8192 (2^31 / 2^22 = 512 a lane); longer rows
 // go in chunks of 8192, each chunk's lanes converted to fp32 and added.
@@ -459,6 +471,196 @@ static Tensor tree_attention(const Tensor& q, const Tensor& kc, const Tensor& vc
   return o;                                                     // [Hkv, n, G, D]: the caller puts it in row order
 }
 
+// ---- The target's attention as one loop per query, where `own_attention` is on (the default) and the CPU runs the
+// draft loops (AVX-512); ATen's ops above otherwise (off for the bitwise tests against the TorchScript loop).
+//
+// A query's output is computed from its own visible keys only, compacted in position order, by the same
+// instructions whatever else is in the call: each score a dot product over D (16 lanes, then a fixed tree), the max,
+// e^(s - max) and their sum (the c-th visible key in lane c % 16), and sum_c p_c v_c accumulated in that order, over
+// the sum. So a position scores the same bits alone, in a chain of any length, as a tree node (whose ancestors' keys
+// sit at other slots: compacted, they are the same sequence) and as a row of a batch (Forward._attend calls the same
+// loop): the invariance the ATen path gets from row padding, key blocks and gathers, here by construction. Its sums
+// round differently from ATen's, so the logits differ from the TorchScript loop's in their last bits; speculative
+// decoding is still compared with plain decoding run by the same loop.
+static bool own_att = true;
+
+static bool own_attention(bool on) {
+  const bool was = own_att;
+  own_att = on;
+  return was;
+}
+
+static bool own_attention_fits(const Tensor& q, const Tensor& kr, int64_t D) {
+  return own_att && i8_kernel_ok() && D % 16 == 0 && D <= 128 && q.is_cpu() && q.scalar_type() == at::kFloat &&
+         q.stride(-1) == 1 && q.stride(-2) == D && kr.scalar_type() == at::kFloat && kr.stride(-1) == 1 &&
+         kr.stride(-2) == D;
+}
+
+// one query q [D] against the visible slots vis[0 .. nv) (position order) of keys and values kc, vc (rows D apart)
+// -> out [D] in T; bias[c] added to the c-th visible score where given; cs: scratch of nv + 16 floats
+template <typename T>
+I8_TARGET static void attend_query(const float* q, const float* kc, const float* vc, int64_t D, const int64_t* vis,
+                                   int64_t nv, const float* bias, float* cs, T* out) {
+  const int64_t C = D / 16;
+  __m512 qv[8];
+  for (int64_t j = 0; j < C; ++j) qv[j] = _mm512_loadu_ps(q + 16 * j);
+  auto dot = [&](int64_t slot) I8_TARGET {   // q . k in 16 lanes
+    const float* k = kc + slot * D;
+    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+    for (int64_t j = 1; j < C; ++j) a = _mm512_fmadd_ps(qv[j], _mm512_loadu_ps(k + 16 * j), a);
+    return a;
+  };
+  const __m512 z = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 4 <= nv; c += 4)   // the lanes' sums by sum4's tree, four keys at a time (each its own tree)
+    _mm_storeu_ps(cs + c, sum4(dot(vis[c]), dot(vis[c + 1]), dot(vis[c + 2]), dot(vis[c + 3])));
+  for (; c < nv; ++c) {
+    float t[4];
+    _mm_storeu_ps(t, sum4(dot(vis[c]), z, z, z));
+    cs[c] = t[0];
+  }
+  float mx = -INFINITY;
+  for (c = 0; c < nv; ++c) {
+    if (bias != nullptr) cs[c] += bias[c];
+    mx = std::max(mx, cs[c]);
+  }
+  const __m512 mxv = _mm512_set1_ps(mx);
+  __m512 sum = z;
+  for (c = 0; c + 16 <= nv; c += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(cs + c), mxv));
+    _mm512_storeu_ps(cs + c, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (c < nv) {
+    const __mmask16 mk = (__mmask16)((1u << (nv - c)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, cs + c), mxv)));
+    _mm512_mask_storeu_ps(cs + c, mk, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const __m512 iv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+  __m512 acc[8];
+  for (int64_t j = 0; j < C; ++j) acc[j] = z;
+  for (c = 0; c < nv; ++c) {
+    const __m512 p = _mm512_set1_ps(cs[c]);
+    const float* v = vc + vis[c] * D;
+    for (int64_t j = 0; j < C; ++j) acc[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * j), acc[j]);
+  }
+  float o[128];
+  for (int64_t j = 0; j < C; ++j) _mm512_storeu_ps(o + 16 * j, _mm512_mul_ps(acc[j], iv));
+  for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(o[d]);
+}
+
+// nodes i = 0 .. n - 1: query row qrow[i] of q [., Hq, D] (heads D apart), visible slots vis[i] (bias[i] where not
+// all zero) of one cache row kr, vr [Hkv, C, D] -> row orow[i] of out [., Hq D], every query head
+template <typename T>
+static void attend_nodes(const Tensor& q, const Tensor& kr, const Tensor& vr, const std::vector<int64_t>& qrow,
+                         const std::vector<std::vector<int64_t>>& vis, const std::vector<std::vector<float>>& bias,
+                         T* out, int64_t ors, const std::vector<int64_t>& orow, int64_t Hq, int64_t Hkv, int64_t D) {
+  const int64_t n = qrow.size(), G = Hq / Hkv, qs = q.stride(0);
+  const float* qp = q.data_ptr<float>();
+  int64_t work = 0, most = 0;
+  for (const auto& v : vis) {
+    work += v.size();
+    most = std::max<int64_t>(most, v.size());
+  }
+  // small calls (a decode step: a few thousand key dot products a layer) run on this thread: a parallel region
+  // costs more than they do
+  const int64_t grain = work * Hq * D < (1 << 17) ? n * Hkv : 1;
+  at::parallel_for(0, n * Hkv, grain, [&](int64_t u0, int64_t u1) {
+    std::vector<float> cs(most + 16);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t i = u / Hkv, h = u % Hkv;
+      const float* kc = kr.data_ptr<float>() + h * kr.stride(0);
+      const float* vc = vr.data_ptr<float>() + h * vr.stride(0);
+      const float* b = bias[i].empty() ? nullptr : bias[i].data();
+      for (int64_t g = 0; g < G; ++g)
+        attend_query(qp + qrow[i] * qs + (h * G + g) * D, kc, vc, D, vis[i].data(), vis[i].size(), b, cs.data(),
+                     out + orow[i] * ors + (h * G + g) * D);
+    }
+  });
+}
+
+static void attend_any(const Tensor& q, const Tensor& kr, const Tensor& vr, const std::vector<int64_t>& qrow,
+                       const std::vector<std::vector<int64_t>>& vis, const std::vector<std::vector<float>>& bias,
+                       const Tensor& out, const std::vector<int64_t>& orow, int64_t Hq, int64_t Hkv, int64_t D) {
+  TORCH_CHECK(out.stride(-1) == 1, "attention output rows");
+  if (out.scalar_type() == at::kBFloat16)
+    attend_nodes(q, kr, vr, qrow, vis, bias, out.data_ptr<at::BFloat16>(), out.stride(0), orow, Hq, Hkv, D);
+  else
+    attend_nodes(q, kr, vr, qrow, vis, bias, out.data_ptr<float>(), out.stride(0), orow, Hq, Hkv, D);
+}
+
+// a chain's node j sees the slots where its bias row (row j of bias [G n', S]: its query heads' rows are alike) is
+// not -inf, in slot order (= position order)
+static void chain_visible(const Tensor& bias, int64_t n, int64_t S, std::vector<std::vector<int64_t>>& vis,
+                          std::vector<std::vector<float>>& bs) {
+  const Tensor b = bias.reshape({-1, bias.size(-1)}).to(at::kFloat).contiguous();
+  const float* bp = b.data_ptr<float>();
+  const int64_t w = b.size(1);
+  vis.assign(n, {});
+  bs.assign(n, {});
+  for (int64_t j = 0; j < n; ++j) {
+    const float* r = bp + j * w;
+    bool any = false;
+    for (int64_t t = 0; t < std::min(S, w); ++t)
+      if (r[t] != -INFINITY) {
+        vis[j].push_back(t);
+        bs[j].push_back(r[t]);
+        any = any || r[t] != 0.f;
+      }
+    if (!any) bs[j].clear();
+  }
+}
+
+// a tree's node j (rows j G .. of gather, bias [G n', w]) sees the prefix [0, base), then its tail positions t where
+// bias is not -inf, at slots base + gather[t], in position order
+static void tree_visible(const Tensor& gather, const Tensor& bias, int64_t n, int64_t G, int64_t base,
+                         std::vector<std::vector<int64_t>>& vis, std::vector<std::vector<float>>& bs) {
+  const Tensor gt = gather.reshape({-1, gather.size(-1)}).to(at::kLong).contiguous();
+  const Tensor b = bias.reshape({-1, bias.size(-1)}).to(at::kFloat).contiguous();
+  const int64_t w = gt.size(1);
+  vis.assign(n, {});
+  bs.assign(n, {});
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t* gr = gt.data_ptr<int64_t>() + j * G * w;
+    const float* br = b.data_ptr<float>() + j * G * w;
+    bool any = false;
+    for (int64_t t = 0; t < base; ++t) vis[j].push_back(t);
+    bs[j].assign(base, 0.f);
+    for (int64_t t = 0; t < w; ++t)
+      if (br[t] != -INFINITY) {
+        vis[j].push_back(base + gr[t]);
+        bs[j].push_back(br[t]);
+        any = any || br[t] != 0.f;
+      }
+    if (!any) bs[j].clear();
+  }
+}
+
+// Forward._attend's entries (the batched path's): -> false where the loop does not fit (ATen's ops then)
+static bool attend_chain(const Tensor& q, const Tensor& kr, const Tensor& vr, const Tensor& bias, int64_t S,
+                         const std::vector<int64_t>& qrow, const Tensor& out, const std::vector<int64_t>& orow) {
+  const int64_t Hq = q.size(1), D = q.size(2), Hkv = kr.size(0);
+  if (!own_attention_fits(q, kr, D)) return false;
+  std::vector<std::vector<int64_t>> vis;
+  std::vector<std::vector<float>> bs;
+  chain_visible(bias, qrow.size(), S, vis, bs);
+  attend_any(q, kr, vr, qrow, vis, bs, out, orow, Hq, Hkv, D);
+  return true;
+}
+
+static bool attend_tree(const Tensor& q, const Tensor& kr, const Tensor& vr, const Tensor& gather, const Tensor& bias,
+                        int64_t base, const std::vector<int64_t>& qrow, const Tensor& out,
+                        const std::vector<int64_t>& orow) {
+  const int64_t Hq = q.size(1), D = q.size(2), Hkv = kr.size(0);
+  if (!own_attention_fits(q, kr, D)) return false;
+  std::vector<std::vector<int64_t>> vis;
+  std::vector<std::vector<float>> bs;
+  tree_visible(gather, bias, qrow.size(), Hq / Hkv, base, vis, bs);
+  attend_any(q, kr, vr, qrow, vis, bs, out, orow, Hq, Hkv, D);
+  return true;
+}
+
 Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor& scale, const Tensors& biases,
                    const Ints& starts, const Ints& counts, const Ints& key_lens, const Tensors& ln1,
                    const Tensors& qkv_w, const OptTensors& qkv_b, const Tensors& o_w, const OptTensors& o_b,
@@ -482,8 +684,18 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
     auto att = many ? at::zeros({Np, Hq * D}, x.options()) : at::empty({Np, Hq * D}, x.options());
     TORCH_CHECK(qk.is_contiguous() && qk.scalar_type() == at::kFloat &&
                 (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat), "span_layers: bf16 or fp32");
+    const bool own = own_attention_fits(qk, kr, D);
     for (size_t j = 0; j < starts.size(); ++j) {
       const int64_t a = starts[j], n = counts[j], S = key_lens[j];
+      if (own) {
+        std::vector<int64_t> rows(n);
+        for (int64_t i = 0; i < n; ++i) rows[i] = a + i;
+        std::vector<std::vector<int64_t>> vis;
+        std::vector<std::vector<float>> bs;
+        chain_visible(biases[j], n, S, vis, bs);
+        attend_any(qk, kr, vr, rows, vis, bs, att, rows, Hq, Hkv, D);
+        continue;
+      }
       auto k = kr.slice(1, 0, S).to(at::kFloat).unsqueeze(0), v = vr.slice(1, 0, S).to(at::kFloat).unsqueeze(0);
       auto q = head_rows(qk.slice(0, a, a + n).slice(1, 0, Hq), Hkv, rows, false).unsqueeze(0);   // [1, Hkv, R', D]
       auto o = attention_rows(q, k, v, biases[j]);                                              // [1, Hkv, R', D]
@@ -493,6 +705,16 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
     }
     for (size_t j = 0; j < t_idx.size(); ++j) {
       const int64_t a = t_first[j], n = t_idx[j].size(0);   // a >= 0: the nodes are queries a .. a + n - 1
+      if (own) {
+        const Tensor idx = t_idx[j].to(at::kLong).contiguous();
+        std::vector<int64_t> rows(n);
+        for (int64_t i = 0; i < n; ++i) rows[i] = a >= 0 ? a + i : idx.data_ptr<int64_t>()[i];
+        std::vector<std::vector<int64_t>> vis;
+        std::vector<std::vector<float>> bs;
+        tree_visible(t_gather[j], t_bias[j], n, Hq / Hkv, t_base[j], vis, bs);
+        attend_any(qk, kr, vr, rows, vis, bs, att, rows, Hq, Hkv, D);
+        continue;
+      }
       auto q = a >= 0 ? qk.slice(0, a, a + n).slice(1, 0, Hq) : qk.slice(1, 0, Hq).index({t_idx[j]});
       auto o = tree_attention(q, kr, vr, Hkv, t_S[j], t_Sk[j], t_base[j], t_gather[j], t_bias[j], t_inv[j],
                               t_slow[j], t_slow_gather[j], t_rescore[j], rows);                 // [Hkv, n, G, D]
@@ -584,18 +806,6 @@ static Tensor head_rope(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
 // few query rows against a few hundred keys, where ATen's two batched products, softmax and views cost more to
 // call than to compute, and a top-k of 2 over a 4096-token row took 30 us. They round differently from ATen's ops
 // (their own summation orders and exp), which only moves the draft: verification is exact whatever it proposes.
-
-// e^x for 16 lanes: x = n ln2 + r (|r| <= ln2 / 2), e^r by its Taylor polynomial to r^7 (relative error < 1e-7),
-// times 2^n; x clamped to [-104, 88.7] first, so -inf gives 0 (2^-150 underflows) and no lane overflows.
-I8_TARGET static inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-104.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);     // ln 2 in two parts: n ln2 exact enough
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040);
-  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
 
 // softmax(q k^T + bias) v for query rows q [nq, D] (row stride qs) against keys and values k, v [R, D] (rows D apart)
 // of one key/value head; bias [nq, c] (row stride bs) on the last c keys; -> o [nq, D] (row stride os), in T
@@ -771,6 +981,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_product", &int8_product, "x @ (w * s)^T for a draft's int8 weights (the kernel where it fits, else ATen's)",
         py::call_guard<py::gil_scoped_release>());
   m.def("draft_top", &draft_top, "(the k largest log-softmax values of each row of y [n, V], their indices)");
+  m.def("own_attention", &own_attention, "the target's attention loop on, or off (ATen's ops); -> was it on");
+  m.def("attend_chain", &attend_chain, "Forward._attend's chain rows through the attention loop (false: not here)");
+  m.def("attend_tree", &attend_tree, "Forward._attend's tree nodes through the attention loop (false: not here)");
   m.def("draft_loops_fit", &i8_kernel_ok, "whether this CPU runs the draft's loops (AVX-512 F, BW and VNNI)");
   m.def("draft_loops", &draft_loops, "the draft's own loops on, or off (ATen's ops, op for op); -> were they on");
 }

@@ -16,12 +16,11 @@ token against the target.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 
-from ..forward import Dense, scripted, weight_product
+from ..forward import Dense, native_op, scripted, weight_product
 
 
 def product(w: torch.Tensor, int8: bool = False) -> Dense:
@@ -45,27 +44,14 @@ def product_of(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: O
 def mm(d: Dense, x: torch.Tensor) -> torch.Tensor:
     """x [m, in] @ W^T (+ b) in W's dtype, with the prepared weight where Dense has one; an int8 weight through
     native.py's int8 product where it is built (the C++ loops' own kernel: csrc/span.cpp's int8_product)."""
-    w, s, b, packed = parts(d)
-    op = _native("int8_product") if s is not None else None
-    if op is None:
-        return product_of(x, w, s, b, packed)
-    y = op(x.contiguous(), w, s)
-    return y if b is None else y + b
-
-
-@functools.lru_cache(maxsize=None)
-def _native(name: str):
-    """One of csrc/span.cpp's draft functions (int8_product: ATen's product where its kernel does not fit;
-    draft_top), or None where native.py cannot build them. Resolved once a process."""
-    from .. import native
-    return native.op(name)
+    return d(x) if d.s is not None else product_of(x, *parts(d))   # int8: Dense's own call, no padding either way
 
 
 def top_logprobs(y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """y [n, v] logits -> (the k largest log-softmax values of each row, fp32 [n, k], their indices [n, k]), largest
     first: csrc/span.cpp's one-pass loop where native.py builds it (a top-2 of 4096 logits through torch.topk cost
     30 us), else torch's."""
-    op = _native("draft_top")
+    op = native_op("draft_top")
     if op is not None:
         return op(y.contiguous(), k)
     return torch.topk(torch.log_softmax(y, -1, dtype=torch.float32), k, -1)
