@@ -4,7 +4,7 @@ them; TorchScript elsewhere.
 forward._span_layers runs a one-row call's decoder layers (a decode step, a chain verify, a tree, a prefill) as one
 TorchScript function. Its ~90 small ops a layer each pass through TorchScript's interpreter, which boxes every
 argument and result; csrc/span.cpp calls the same ATen ops, in the same order, straight from C++, so the logits
-and the cache are bitwise the same (tests/test_native.py) and a step is shorter by the interpreter's share; the
+and the cache are bitwise the same with its own loops below off (tests/test_native.py) and a step is shorter by the interpreter's share; the
 elementwise stretches (RoPE with the cache writes; RMSNorm's parts around ATen's sum, with the residual add before
 it; SwiGLU through a table of ATen's bf16 silu) and attention's row moves (queries into each key/value head's rows,
 the output back in row order, converted once) are plain loops that compute the same bits (docs/forward.md says why
@@ -17,13 +17,17 @@ Drafts also get loops of their own, which round differently from ATen's ops (a d
 whatever it proposes): an int8-weight product with int16 activations on AVX-512 VNNI (`int8_product`; every int8
 draft product, in either loop or through drafters/packed.mm), EAGLE's level attention and a one-pass top-k of
 log-probs (`draft_top`). `draft_loops(False)` turns them off, so the bitwise tests compare ATen's ops op for op.
+The target's attention, too, runs as one loop per query (`own_attention`; docs/forward.md says why a query gets the
+same bits however it is batched, and forward.Forward._attend calls it for batches), which rounds differently from
+ATen's ops: `own_attention(False)` turns it off for the same bitwise tests.
 They are compiled for AVX-512 (F, BW, VNNI) and chosen at run time: on a CPU without it ATen's ops run. The build
 passes -fopenmp so that ATen's parallel_for, inlined here, splits work over torch's own OpenMP threads.
 
 It is built once per machine with torch's extension builder (a C++ compiler and ninja; ~30 s on 2 cores) into
 `.build/` beside the package, at `make setup` or else at first use, and reused while the source is unchanged.
 Where there is no compiler, the build fails or SPECDEC_NATIVE=0 is set, `op(name)` is None and the TorchScript
-function runs: the same bits, a little slower.
+function runs: ATen's ops throughout (the C++ loop's bits with its own loops off), a little slower. Every path of
+one process takes the same choice, so speculative and plain decoding always share their bits.
 """
 from __future__ import annotations
 
