@@ -802,63 +802,11 @@ static Tensor head_rope(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
   return out;
 }
 
-// EAGLE's level attention and top-k as loops, where the draft's loops are on and the CPU has AVX-512: a level has a
-// few query rows against a few hundred keys, where ATen's two batched products, softmax and views cost more to
-// call than to compute, and a top-k of 2 over a 4096-token row took 30 us. They round differently from ATen's ops
-// (their own summation orders and exp), which only moves the draft: verification is exact whatever it proposes.
-
-// softmax(q k^T + bias) v for query rows q [nq, D] (row stride qs) against keys and values k, v [R, D] (rows D apart)
-// of one key/value head; bias [nq, c] (row stride bs) on the last c keys; -> o [nq, D] (row stride os), in T
-template <typename T>
-I8_TARGET static void attend(const float* q, int64_t qs, int64_t nq, const float* k, const float* v, int64_t R,
-                             int64_t D, const float* bias, int64_t bs, int64_t c, T* o, int64_t os, float* sc) {
-  const int64_t C = D / 16;
-  for (int64_t i = 0; i < nq; ++i) {
-    const float* qi = q + i * qs;
-    int64_t r = 0;
-    for (; r + 4 <= R; r += 4) {   // four keys at a time, their lane sums together
-      __m512 a[4];
-      for (int j = 0; j < 4; ++j) {
-        a[j] = _mm512_mul_ps(_mm512_loadu_ps(qi), _mm512_loadu_ps(k + (r + j) * D));
-        for (int64_t cc = 1; cc < C; ++cc)
-          a[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * cc), _mm512_loadu_ps(k + (r + j) * D + 16 * cc), a[j]);
-      }
-      _mm_storeu_ps(sc + r, sum4(a[0], a[1], a[2], a[3]));
-    }
-    for (; r < R; ++r) {
-      __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qi), _mm512_loadu_ps(k + r * D));
-      for (int64_t cc = 1; cc < C; ++cc)
-        a = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * cc), _mm512_loadu_ps(k + r * D + 16 * cc), a);
-      sc[r] = _mm512_reduce_add_ps(a);
-    }
-    for (int64_t j = 0; j < c; ++j) sc[R - c + j] += bias[i * bs + j];
-    float mx = -INFINITY;
-    for (r = 0; r < R; ++r) mx = std::max(mx, sc[r]);
-    const __m512 mxv = _mm512_set1_ps(mx);
-    __m512 sum = _mm512_setzero_ps();
-    for (r = 0; r + 16 <= R; r += 16) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + r), mxv));
-      _mm512_storeu_ps(sc + r, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    if (r < R) {
-      const __mmask16 mk = (__mmask16)((1u << (R - r)) - 1);
-      const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sc + r), mxv)));
-      _mm512_mask_storeu_ps(sc + r, mk, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    const float inv = 1.f / _mm512_reduce_add_ps(sum);
-    __m512 acc[8];
-    for (int64_t cc = 0; cc < C; ++cc) acc[cc] = _mm512_setzero_ps();
-    for (r = 0; r < R; ++r) {
-      const __m512 p = _mm512_set1_ps(sc[r]);
-      for (int64_t cc = 0; cc < C; ++cc) acc[cc] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + r * D + 16 * cc), acc[cc]);
-    }
-    float out[128];
-    for (int64_t cc = 0; cc < C; ++cc) _mm512_storeu_ps(out + 16 * cc, _mm512_mul_ps(acc[cc], _mm512_set1_ps(inv)));
-    for (int64_t d = 0; d < D; ++d) o[i * os + d] = static_cast<T>(out[d]);
-  }
-}
+// EAGLE's level attention (the target's loop, attend_query, over the head's scratch) and top-k as loops, where the
+// draft's loops are on and the CPU has AVX-512: a level has a few query rows against a few hundred keys, where ATen's
+// two batched products, softmax and views cost more to call than to compute, and a top-k of 2 over a 4096-token row
+// took 30 us. They round differently from ATen's ops, which only moves the draft: verification is exact whatever it
+// proposes.
 
 // the level's attention: rows n0.. of qk [m, Hq + Hkv, D] (query heads first) against the scratch's first R rows
 // (k, v [Hkv, N, D]) with bias [m, c] -> [n, Hq D] in dtype dt (heads in q's order), or an undefined tensor where
@@ -872,20 +820,32 @@ static Tensor draft_attention(const Tensor& qk, const Tensor& k, const Tensor& v
     return Tensor();
   const int64_t m = qk.size(0), n = m - n0, G = Hq / Hkv, c = bias.size(1), H = Hq + Hkv;
   auto out = at::empty({n, Hq * D}, qk.options().dtype(dt));
-  std::vector<float> sc(R);
+  std::vector<int64_t> vis(R);
+  std::vector<float> bs(R), cs(R + 16);
   const float* qp = qk.data_ptr<float>() + n0 * H * D;
-  const float* bp = bias.data_ptr<float>() + n0 * c;
-  for (int64_t h = 0; h < Hkv; ++h)
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t head = h * G + g;
-      const float* kp = k.data_ptr<float>() + h * k.stride(0);
-      const float* vp = v.data_ptr<float>() + h * v.stride(0);
-      if (dt == at::kBFloat16)
-        attend(qp + head * D, H * D, n, kp, vp, R, D, bp, c, c, out.data_ptr<at::BFloat16>() + head * D, Hq * D,
-               sc.data());
-      else
-        attend(qp + head * D, H * D, n, kp, vp, R, D, bp, c, c, out.data_ptr<float>() + head * D, Hq * D, sc.data());
+  for (int64_t i = 0; i < n; ++i) {   // row i sees every row before the last c, and those of the c its bias lets
+    const float* br = bias.data_ptr<float>() + (n0 + i) * c;
+    int64_t nv = 0;
+    for (int64_t t = 0; t < R; ++t) {
+      const float b = t < R - c ? 0.f : br[t - (R - c)];
+      if (b != -INFINITY) {
+        vis[nv] = t;
+        bs[nv++] = b;
+      }
     }
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t g = 0; g < G; ++g) {
+        const float* q = qp + i * H * D + (h * G + g) * D;
+        const float* kp = k.data_ptr<float>() + h * k.stride(0);
+        const float* vp = v.data_ptr<float>() + h * v.stride(0);
+        if (dt == at::kBFloat16)
+          attend_query(q, kp, vp, D, vis.data(), nv, bs.data(), cs.data(),
+                       out.data_ptr<at::BFloat16>() + i * Hq * D + (h * G + g) * D);
+        else
+          attend_query(q, kp, vp, D, vis.data(), nv, bs.data(), cs.data(),
+                       out.data_ptr<float>() + i * Hq * D + (h * G + g) * D);
+      }
+  }
   return out;
 }
 
