@@ -1,7 +1,7 @@
 """Whether a re-run reproduces a trained drafter's manifest: its held-out acceptance, prompt by prompt, where this
-CPU runs the bf16 kernels the manifest was measured with (reference.kernels); on another family the target's
-greedy texts can differ in places, so there the mean is compared, one-sided: the shipped weights must draft at
-least about as well as recorded."""
+CPU runs the bf16 kernels and the attention the manifest was measured with (reference.kernels, attention); on
+another family the target's greedy texts can differ in places, so there the mean is compared, one-sided: the
+shipped weights must draft at least about as well as recorded."""
 from __future__ import annotations
 
 import statistics
@@ -12,9 +12,12 @@ from specdec_core.bench.reference import kernels, machine
 
 
 def same_kernels(acc: dict) -> bool:
-    """This CPU's bf16 kernel family is the one `acc` was measured with (a manifest that does not say is taken at
-    its word)."""
-    return "flags" not in acc or kernels(acc["flags"]) == kernels(machine()["flags"])
+    """This CPU's bf16 kernel family and attention are the ones `acc` was measured with (a manifest that does not
+    name its CPU's flags is taken at its word on the family; one that names no attention was measured before the
+    attention loop existed: ATen's)."""
+    here = machine()
+    return (("flags" not in acc or kernels(acc["flags"]) == kernels(here["flags"])) and
+            acc.get("attention", "aten") == here["attention"])
 
 
 def assert_reproduces(acc: dict, rows: list[dict], got: list[float], rel: float = 0.15, tol: float | None = None):

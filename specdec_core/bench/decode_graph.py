@@ -58,16 +58,22 @@ class StaticStep:
         bias = fw.mask_bias(fw._pad_see(see[:, None].expand(-1, G, -1, -1).reshape(1, 1, G, S)))  # [1, 1, G', S]
         slot = self.pos[:1]                                                               # [1]
         x = f.embed[self.ids]                                                             # [R, H]
+        own = f._packed and f.device.type == "cpu" and fw.native_op("attend_chain") is not None
         for l, b in enumerate(f.blocks):
             qkv = b.qkv(f._rms(x, b.ln1))                                                 # [R, (Hq+2Hkv) D]
             qk = f._rope(qkv[:, :(Hq + Hkv) * D].float().view(R, Hq + Hkv, D), cos, sin) * self.scale
             q, k, v = qk[:, :Hq], qk[:1, Hq:], qkv[:1, (Hq + Hkv) * D:].view(1, Hkv, D)
             c.k[l][0].index_copy_(1, slot, k.transpose(0, 1).to(c.dtype))                # [Hkv, 1, D] at slot
             c.v[l][0].index_copy_(1, slot, v.transpose(0, 1).to(c.dtype))
-            kk, vv = c.k[l][0, :, :S].float(), c.v[l][0, :, :S].float()                  # [Hkv, S, D]
-            xq = q[0:1].view(1, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G, D)
-            o = fw._attention(xq, kk[None], vv[None], bias)                               # [1, Hkv, G, D]
-            a = o.view(Hkv, G, 1, D).permute(2, 0, 1, 3).reshape(1, Hq * D).to(f.dtype)
+            a = q.new_zeros(1, Hq * D)
+            # on the CPU, a packed forward's attention is csrc/span.cpp's loop (Forward._attend): the same call here
+            own = own and fw.native_op("attend_chain")(q, c.k[l][0], c.v[l][0], bias[0, 0], S, [0], a, [0])
+            if not own:
+                kk, vv = c.k[l][0, :, :S].float(), c.v[l][0, :, :S].float()              # [Hkv, S, D]
+                xq = q[0:1].view(1, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G, D)
+                o = fw._attention(xq, kk[None], vv[None], bias)                           # [1, Hkv, G, D]
+                a = o.view(Hkv, G, 1, D).permute(2, 0, 1, 3).reshape(1, Hq * D)
+            a = a.to(f.dtype)
             x = x + b.o(a)
             g, u = b.gu(f._rms(x, b.ln2)).chunk(2, -1)                                   # [R, I] each
             x = x + b.down(F.silu(g) * u)

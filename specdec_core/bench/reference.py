@@ -40,7 +40,16 @@ def machine() -> dict:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {"cpu": cpu, "flags": [f for f in FLAGS if f in flags], "cores": os.cpu_count(),
             "threads": torch.get_num_threads(), "load_average": [round(x, 2) for x in load],
-            "torch": torch.__version__}
+            "torch": torch.__version__, "attention": attention()}
+
+
+def attention() -> str:
+    """The attention a packed CPU forward runs here: "loop" (csrc/span.cpp's one loop per query, where native.py
+    builds it and the CPU runs its AVX-512 loops) or "aten". The two round differently, so, as across kernel
+    families, a greedy text (and an acceptance measured on it) can differ between them."""
+    from ..forward import native_op
+    fit = native_op("draft_loops_fit")
+    return "loop" if fit is not None and fit() and native_op("attend_chain") is not None else "aten"
 
 
 def kernels(flags) -> str:
