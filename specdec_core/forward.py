@@ -74,9 +74,9 @@ class Dense:
     """y = x @ W^T (+ b) with W packed once for oneDNN on the CPU (plain F.linear elsewhere); rows padded.
 
     int8=True (a draft's weights, never the target's): W stored in int8 with one scale per output row
-    (symmetric, round to nearest) where `int8_ok`, for ATen's weight-only int8 product with the activations in
-    W's dtype (in the C++ layer loop, csrc/span.cpp's own int8 kernel, which also computes each row alone): a
-    draft's few rows are bound by the bytes they read, and int8 reads half of bf16's. The rounding
+    (symmetric, round to nearest) where `int8_ok`, for an int8 product with the activations in W's dtype
+    (`int8_product`: csrc/span.cpp's kernel wherever native.py builds it, on every path, else ATen's weight-only
+    one): a draft's few rows are bound by the bytes they read, and int8 reads half of bf16's. The rounding
     moves the draft's logits a little, which can only move acceptance: the exact rule checks every drafted
     token. That product computes each row alone (a row's bits do not depend on the rows beside it), so a
     draft stays batch-invariant with it."""

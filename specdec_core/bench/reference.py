@@ -48,8 +48,8 @@ def attention() -> str:
     builds it and the CPU runs its AVX-512 loops) or "aten". The two round differently, so, as across kernel
     families, a greedy text (and an acceptance measured on it) can differ between them."""
     from ..forward import native_op
-    fit = native_op("draft_loops_fit")
-    return "loop" if fit is not None and fit() and native_op("attend_chain") is not None else "aten"
+    fit = native_op("draft_loops_fit")      # the same module holds the attention loop
+    return "loop" if fit is not None and fit() else "aten"
 
 
 def kernels(flags) -> str:
