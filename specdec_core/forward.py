@@ -83,6 +83,7 @@ class Dense:
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, pack: bool = True, int8: bool = False):
         self.w, self.b, self.packed, self.s = w, b, None, None   # packed: the prepared weight; s: int8's scales
+        self.q4 = None   # the same bf16 weights as 4-bit tiles (q4.attach: the bundled target's layers)
         if int8 and int8_ok(w.device, w.dtype):
             s = w.float().abs().amax(1).clamp_min(1e-12) / 127                              # [N]
             self.packed = (w.float() / s[:, None]).round_().clamp_(-127, 127).to(torch.int8).contiguous()
@@ -103,6 +104,8 @@ class Dense:
         return self.w if self.packed is None else self.packed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.q4 is not None:   # the C++ loop's own dense: the 4-bit kernel, or the packed product where it is off
+            return native_op("dense")(x, self.packed, self.q4, self.b, MAX_ROWS, ROWS)
         if self.s is not None:   # int8: each row alone, no padding; the C++ loop's kernel where it is built
             y = int8_product(x, self.packed, self.s)
             return y if self.b is None else y + self.b
@@ -284,6 +287,7 @@ class Forward:
                  vocab, n_heads: int, n_kv: int, head_dim: int, eps: float, inv_freq: torch.Tensor,
                  rope_scale: float = 1.0):
         self.embed, self.blocks, self.norm, self.head = embed, blocks, norm, head
+        self.q4_note = ""   # q4.attach: whether the layers' products read 4-bit weights
         self.vocab = vocab   # a drafters.vocab.DraftVocab when the head scores a subset (-inf elsewhere)
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
         self.inv_freq, self.rope_scale = inv_freq.float(), float(rope_scale)
@@ -298,11 +302,17 @@ class Forward:
             and head.s is not None else ROWS
         # every product packed: attention in csrc/span.cpp's loop where it is built (_attend), on every path
         self._packed = all(d.packed is not None for b in blocks for d in (b.qkv, b.o, b.gu, b.down))
+        self.refresh()
+
+    def refresh(self) -> None:
+        """The one-row loop's weight lists, from the blocks' Dense (again after q4.attach gives them 4-bit tiles:
+        a tile array rides in the scale slot, where the C++ loop's dense takes it and _dense ignores it)."""
+        blocks = self.blocks
         if self._packed:
             self._w = ([b.ln1 for b in blocks], [b.qkv.packed for b in blocks], [b.qkv.b for b in blocks],
                        [b.o.packed for b in blocks], [b.o.b for b in blocks], [b.ln2 for b in blocks],
                        [b.gu.packed for b in blocks], [b.down.packed for b in blocks],
-                       [[d.s for d in (b.qkv, b.o, b.gu, b.down)] for b in blocks])
+                       [[d.s if d.s is not None else d.q4 for d in (b.qkv, b.o, b.gu, b.down)] for b in blocks])
 
     @classmethod
     def from_model(cls, model, head: torch.Tensor | None = None, vocab=None, pack: bool = True,
@@ -581,7 +591,11 @@ def loop_name(f: "Forward | None") -> str:
         return ""
     if f._w is None:
         return "op-by-op layer loop"
-    return "C++ layer loop" if span_layers() is not _span_layers else "TorchScript layer loop"
+    if span_layers() is _span_layers:
+        return "TorchScript layer loop"
+    on = native_op("q4_products")
+    q4 = any(b.qkv.q4 is not None for b in f.blocks) and on is not None and on()
+    return "C++ layer loop, 4-bit products" if q4 else "C++ layer loop"
 
 
 @functools.lru_cache(maxsize=None)
@@ -772,6 +786,8 @@ def _dense(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: Optio
     products in chunks of at most max_rows rows (Dense's docstring and the module's say why); int8 products
     as they come."""
     n = x.shape[0]
+    if s is not None and s.dtype == torch.uint8:   # 4-bit tiles (q4.py): only the C++ loop's dense runs them
+        s = None
     if s is not None:   # int8: the product computes each row alone, padded or not (Dense)
         y = weight_product(x, w, s, packed)
     elif n > max_rows and x.dtype != torch.float32:

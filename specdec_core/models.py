@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from . import backend as seam
+from . import q4
 from .backend import cache_kw
 from .forward import Forward, Unsupported
 
@@ -327,7 +328,10 @@ def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: st
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no details"
         raise ModelError(f"could not load model {spec!r}: {type(e).__name__}: {first}") from e
     model = model.to(dev).eval()
-    return attach_forward(LM(model, tok, name, dt, dev), forward)
+    lm = attach_forward(LM(model, tok, name, dt, dev), forward)
+    if spec == BUNDLED and lm.fwd is not None and os.environ.get("SPECDEC_Q4", "1") != "0":
+        lm.fwd.q4_note = q4.attach(lm.fwd, bundled_gguf())   # its layers' products from the file's 4-bit blocks
+    return lm
 
 
 def vocab_diff(target: LM, draft: LM) -> list[str]:

@@ -12,12 +12,12 @@ from specdec_core.bench.reference import kernels, machine
 
 
 def same_kernels(acc: dict) -> bool:
-    """This CPU's bf16 kernel family and attention are the ones `acc` was measured with (a manifest that does not
-    name its CPU's flags is taken at its word on the family; one that names no attention was measured before the
-    attention loop existed: ATen's)."""
+    """This CPU's bf16 kernel family, attention and target products are the ones `acc` was measured with (a
+    manifest that does not name its CPU's flags is taken at its word on the family; one that names no attention
+    was measured before the attention loop existed: ATen's; none that names no products: oneDNN's packed ones)."""
     here = machine()
     return (("flags" not in acc or kernels(acc["flags"]) == kernels(here["flags"])) and
-            acc.get("attention", "aten") == here["attention"])
+            acc.get("attention", "aten") == here["attention"] and acc.get("products", "packed") == here["products"])
 
 
 def assert_reproduces(acc: dict, rows: list[dict], got: list[float], rel: float = 0.15, tol: float | None = None):

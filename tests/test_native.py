@@ -29,12 +29,13 @@ def ext():
 
 @pytest.fixture
 def faithful(ext):
-    """The draft's loops and the attention loop off (csrc/span.cpp's draft_loops, own_attention): the C++ functions
-    run ATen's ops, op for op, as the TorchScript ones do."""
-    was, att = ext.draft_loops(False), ext.own_attention(False)
+    """The draft's loops, the attention loop and the 4-bit products off (csrc/span.cpp's draft_loops, own_attention,
+    q4_products): the C++ functions run ATen's ops, op for op, as the TorchScript ones do."""
+    was, att, q4 = ext.draft_loops(False), ext.own_attention(False), ext.q4_products(False)
     yield ext
     ext.draft_loops(was)
     ext.own_attention(att)
+    ext.q4_products(q4)
 
 
 def calls(lm, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:

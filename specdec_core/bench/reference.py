@@ -40,7 +40,23 @@ def machine() -> dict:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {"cpu": cpu, "flags": [f for f in FLAGS if f in flags], "cores": os.cpu_count(),
             "threads": torch.get_num_threads(), "load_average": [round(x, 2) for x in load],
-            "torch": torch.__version__, "attention": attention()}
+            "torch": torch.__version__, "attention": attention(), "products": products()}
+
+
+def products() -> str:
+    """The bundled target's layer products here: "q4-amx" or "q4-dots" (csrc/span.cpp's 4-bit kernel on AMX's
+    tiles or on AVX-512 BF16 dot products, q4.py) or "packed" (oneDNN's bf16 product). They sum in different
+    orders, so, as across kernel families, a greedy text (and an acceptance measured on it) can differ."""
+    from ..forward import native_op
+    on, amx, lines = native_op("q4_products"), native_op("q4_amx"), native_op("q4_lines")
+    if on is None or not on() or os.environ.get("SPECDEC_Q4", "1") == "0":
+        return "packed"
+    try:
+        import torch
+        lines(torch.zeros(1, 1, 320, dtype=torch.uint8))
+    except RuntimeError:          # no AVX-512 BF16
+        return "packed"
+    return "q4-amx" if amx() else "q4-dots"
 
 
 def attention() -> str:

@@ -8,6 +8,8 @@
 
 #include <cstring>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 using at::Tensor;
 using at::indexing::Slice;
@@ -323,14 +325,184 @@ static bool draft_loops(bool on) {
   return was;
 }
 
+// ---- The target's 4-bit products (q4.py packs them): GGUF Q4_1 weights, w = round_bf16(d q + m) per block of 32
+// (d, m fp16, q 0..15), multiplied as those bf16 values against bf16 activations with fp32 sums. d q is exact in fp32
+// (11 + 4 bits), so one fused d q + m rounds once, as the file's own mul-then-add does: the same bf16 weights, read
+// as 0.625 bytes each instead of 2. A weight tile q4 [G, B, 320] u8: for rows 16 g .. 16 g + 15 and k = 32 b ..
+// 32 b + 31, 16 lines of 16 bytes (line kk: element e = 2 n + parity, weight (16 g + e / 2, 32 b + 2 kk + e % 2);
+// low nibbles are e < 16, high nibbles e >= 16), then d [16] and m [16] fp16: a line unpacks into one row of AMX's
+// pair-interleaved B tile. Every output element is one sum over k in one order, whatever rows come with it, so the
+// product is batch-invariant with no padding. AMX's tile product where the CPU has it (and the OS grants it), else
+// AVX-512 BF16 dot products in the same pair order; the two round differently, each the same in every call.
+#define Q4_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,f16c")))
+#define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,f16c,amx-tile,amx-bf16")))
+
+static bool q4_on = true;
+static bool q4_tiles = true;   // AMX's tiles where granted (off: the dot products, to test them on such a CPU)
+
+static bool q4_fits_cpu() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
+static bool amx_granted() {   // Linux hands out AMX's tile state on request (ARCH_REQ_XCOMP_PERM, XTILEDATA)
+  static const bool ok = __builtin_cpu_supports("amx-bf16") && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return ok;
+}
+
+// one weight tile (16 rows x 32 k) -> 16 lines of 32 bf16, pair-interleaved (w: 512 u16)
+Q4_TARGET static inline void q4_unpack_tile(const uint8_t* t, uint16_t* w) {
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(t + 256)));
+  const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(t + 288)));
+  const __m512i lo_i = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i hi_i = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+  const __m512 dl = _mm512_permutexvar_ps(lo_i, d), dh = _mm512_permutexvar_ps(hi_i, d);
+  const __m512 ml = _mm512_permutexvar_ps(lo_i, m), mh = _mm512_permutexvar_ps(hi_i, m);
+  const __m512i f = _mm512_set1_epi32(0x0F);
+  for (int kk = 0; kk < 16; ++kk) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + kk * 16)));
+    const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, f)), dl, ml);
+    const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), dh, mh);
+    _mm512_storeu_si512((void*)(w + kk * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
+struct TileConfig {
+  uint8_t palette, start;
+  uint8_t pad[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// weight row groups g0 .. g1 - 1 of q4 against x [M, K] -> y [M, N] (row stride N)
+AMX_TARGET static void q4_on_tiles(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* q, at::BFloat16* y,
+                              int64_t N, int64_t g0, int64_t g1) {
+  const int64_t B = K / 32;
+  std::vector<uint16_t> w(B * 512);
+  alignas(64) float c[16 * 16];
+  int64_t shape = -1;
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + b * 512);
+    for (int64_t r0 = 0; r0 < M; r0 += 16) {
+      const int64_t R = std::min<int64_t>(16, M - r0);
+      if (R != shape) {   // tiles: 0 the sums [R, 16] fp32, 1 x [R, 32] bf16, 2 w [16 pairs, 16 x 2] bf16
+        TileConfig t{};
+        t.palette = 1;
+        t.rows[0] = t.rows[1] = R;
+        t.rows[2] = 16;
+        t.colsb[0] = t.colsb[1] = t.colsb[2] = 64;
+        _tile_loadconfig(&t);
+        shape = R;
+      }
+      _tile_zero(0);
+      for (int64_t b = 0; b < B; ++b) {
+        _tile_loadd(1, x + r0 * K + b * 32, K * 2);
+        _tile_loadd(2, w.data() + b * 512, 64);
+        _tile_dpbf16ps(0, 1, 2);
+      }
+      _tile_stored(0, c, 64);
+      for (int64_t r = 0; r < R; ++r)
+        for (int j = 0; j < 16; ++j) y[(r0 + r) * N + g * 16 + j] = at::BFloat16(c[r * 16 + j]);
+    }
+  }
+  if (shape >= 0) _tile_release();
+}
+
+Q4_TARGET static void q4_dots(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* q, at::BFloat16* y,
+                              int64_t N, int64_t g0, int64_t g1) {
+  const int64_t B = K / 32;
+  std::vector<uint16_t> w(B * 512);
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + b * 512);
+    for (int64_t r0 = 0; r0 < M; r0 += 8) {
+      const int64_t R = std::min<int64_t>(8, M - r0);
+      __m512 acc[8];
+      for (int r = 0; r < 8; ++r) acc[r] = _mm512_setzero_ps();
+      const int32_t* xp = reinterpret_cast<const int32_t*>(x + r0 * K);   // x's pairs
+      for (int64_t p = 0; p < K / 2; ++p) {
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(w.data() + p * 32));
+        for (int r = 0; r < R; ++r)
+          acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(xp[r * (K / 2) + p]), wv);
+      }
+      for (int r = 0; r < R; ++r) {
+        alignas(64) float c[16];
+        _mm512_store_ps(c, acc[r]);
+        for (int j = 0; j < 16; ++j) y[(r0 + r) * N + g * 16 + j] = at::BFloat16(c[j]);
+      }
+    }
+  }
+}
+
+static bool q4_fits(const Tensor& x, const Tensor& q) {
+  return q4_on && q4_fits_cpu() && x.is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 &&
+         q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == 320 && q.is_contiguous() &&
+         x.size(1) == q.size(1) * 32;
+}
+
+static Tensor q4_product(const Tensor& x_, const Tensor& q) {
+  const Tensor x = x_.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), G = q.size(0), N = G * 16;
+  auto y = at::empty({M, N}, x.options());
+  const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const bool amx = q4_tiles && amx_granted();
+  at::parallel_for(0, G, 4, [&](int64_t g0, int64_t g1) {
+    if (amx)
+      q4_on_tiles(xp, M, K, qp, yp, N, g0, g1);
+    else
+      q4_dots(xp, M, K, qp, yp, N, g0, g1);
+  });
+  return y;
+}
+
+// q4 [G, B, 320] -> its lines as the kernel unpacks them, [G, B, 16, 32] bf16 (element 2 n + parity of line kk;
+// q4.py puts them back in row order and checks them against the weights they stand for)
+static Tensor q4_lines(const Tensor& q) {
+  TORCH_CHECK(q4_fits_cpu() && q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == 320 && q.is_contiguous(),
+              "q4_lines: a packed 4-bit weight on a CPU with AVX-512 BF16");
+  const int64_t G = q.size(0), B = q.size(1);
+  auto w = at::empty({G, B, 16, 32}, q.options().dtype(at::kBFloat16));
+  uint16_t* wp = reinterpret_cast<uint16_t*>(w.data_ptr<at::BFloat16>());
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  at::parallel_for(0, G * B, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) q4_unpack_tile(qp + t * 320, wp + t * 512);
+  });
+  return w;
+}
+
+// the target's 4-bit products on, or off (the oneDNN-packed bf16 weights they stand for), or as they are; -> were
+// they on
+static bool q4_products(std::optional<bool> on) {
+  const bool was = q4_on;
+  if (on.has_value()) q4_on = *on;
+  return was;
+}
+
+// -> whether the 4-bit products run on AMX's tiles; tiles false: the dot products from now on (tests only: each
+// kernel rounds its own way, and a process keeps one)
+static bool q4_amx(std::optional<bool> tiles) {
+  if (tiles.has_value()) q4_tiles = *tiles;
+  return q4_tiles && amx_granted();
+}
+
 static Tensor weight_product(const Tensor& x, const Tensor& w, const OptT& s, bool packed = true) {
   if (s.has_value()) return int8_product(x, w, *s);
   return packed ? linear_packed(x, w) : at::linear(x, w);
 }
 
-static Tensor dense(const Tensor& x, const Tensor& w, const OptT& s, const OptT& b, int64_t max_rows, int64_t rows) {
+// s: an int8 weight's row scales, or a 4-bit weight (q4 [G, B, 320] u8) that stands for the packed bf16 one
+static Tensor dense(const Tensor& x, const Tensor& w, OptT s, const OptT& b, int64_t max_rows, int64_t rows) {
   const int64_t n = x.size(0);
   Tensor y;
+  if (s.has_value() && s->scalar_type() == at::kByte) {
+    if (q4_fits(x, *s)) {
+      y = q4_product(x, *s);
+      return b.has_value() ? y + *b : y;
+    }
+    s.reset();
+  }
   if (s.has_value()) {
     y = weight_product(x, w, s);
   } else if (n > max_rows && x.scalar_type() != at::kFloat) {
@@ -945,5 +1117,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_chain", &attend_chain, "Forward._attend's chain rows through the attention loop (false: not here)");
   m.def("attend_tree", &attend_tree, "Forward._attend's tree nodes through the attention loop (false: not here)");
   m.def("draft_loops_fit", &i8_kernel_ok, "whether this CPU runs the draft's loops (AVX-512 F, BW and VNNI)");
+  m.def("dense", &dense, "forward._dense: a layer's product, the 4-bit kernel where its weight has one",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("q4_lines", &q4_lines, "a 4-bit tile array's lines as the kernel unpacks them, [G, B, 16, 32] bf16");
+  m.def("q4_products", &q4_products, "the target's 4-bit products on, or off (its packed bf16 ones); -> were they on",
+        py::arg("on") = py::none());
+  m.def("q4_amx", &q4_amx, "whether the 4-bit products run on AMX's tiles (else AVX-512 BF16 dot products)",
+        py::arg("tiles") = py::none());
   m.def("draft_loops", &draft_loops, "the draft's own loops on, or off (ATen's ops, op for op); -> were they on");
 }

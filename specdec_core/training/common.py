@@ -180,7 +180,7 @@ def acceptance(lm, drafter, prompts: list[str], k: int, max_new: int) -> dict:
         steps, committed, drafted, accepted = steps + len(recs), committed + c, drafted + d, accepted + a
     cpu = machine()
     return dict(forward=lm.forward_name, k=k, max_new_tokens=max_new, temperature=0.0, prompts=len(prompts),
-                cpu=cpu["cpu"], flags=cpu["flags"], attention=cpu["attention"],
+                cpu=cpu["cpu"], flags=cpu["flags"], attention=cpu["attention"], products=cpu["products"],
                 mean_acceptance_length=round(committed / steps, 4),
                 acceptance_rate=round(accepted / max(drafted, 1), 4), per_prompt=per)
 

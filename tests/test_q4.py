@@ -1,0 +1,101 @@
+"""The bundled target's 4-bit products (q4.py, csrc/span.cpp): the tiles hold the very bf16 weights the model runs,
+the kernel multiplies them as a product does (up to its own summation order), each row alone on either kernel,
+and the packed bf16 product comes back when they are off."""
+import numpy as np
+import pytest
+import torch
+
+from specdec_core import native, q4
+from specdec_core.models import bundled_gguf
+
+
+@pytest.fixture(scope="module")
+def ext():
+    m = native.module()
+    if m is None:
+        pytest.skip(native.why())
+    try:
+        m.q4_lines(torch.zeros(1, 1, 320, dtype=torch.uint8))
+    except RuntimeError:
+        pytest.skip("this CPU has no AVX-512 BF16: the 4-bit products do not run here")
+    return m
+
+
+def blocks(N: int, K: int, seed: int = 0):
+    """Random Q4_1-like blocks: q in 0..15, d > 0 and m of a real layer's sizes, fp16."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+    d = (torch.rand(N, K // 32, generator=g) * 0.02 + 1e-3).half()
+    m = (-torch.rand(N, K // 32, generator=g) * 0.15).half()
+    return q, d, m
+
+
+@pytest.mark.parametrize("N,K", [(16, 32), (960, 576), (576, 1536)])
+def test_the_tiles_unpack_into_the_bf16_weights_bit_for_bit(ext, N, K):
+    q, d, m = blocks(N, K)
+    w = q4.dequantize(q, d, m)
+    assert torch.equal(q4.unpacked(ext.q4_lines(q4.pack(q, d, m))), w)
+    p = torch.randperm(N, generator=torch.Generator().manual_seed(1))   # the loader's row order, found back
+    assert torch.equal(q4._row_order(w[p], w), p)
+    w2 = w.clone()
+    w2[3, 5] = -w2[3, 5] if w2[3, 5] != 0 else 1.0
+    assert q4._row_order(w2, w) is None                                # a weight that differs: no tiles
+
+
+@pytest.mark.parametrize("tiles", [True, False])
+def test_the_product_is_x_times_the_weights_each_row_alone(ext, tiles):
+    """Either kernel (AMX's tiles where this CPU has them; the dot products always): within bf16's rounding of the
+    fp32 product, and a row's bits the same alone, padded or among 20."""
+    was = ext.q4_amx(None)
+    if tiles and not was:
+        pytest.skip("no AMX here")
+    ext.q4_amx(tiles)
+    try:
+        q, d, m = blocks(576, 1536, seed=2)
+        t, w = q4.pack(q, d, m), q4.dequantize(q, d, m)
+        x = torch.randn(20, 1536, generator=torch.Generator().manual_seed(3)).bfloat16()
+        y = ext.dense(x, w, t, None, 32, 4)
+        ref = x.float() @ w.float().t()
+        assert y.dtype == torch.bfloat16 and y.shape == (20, 576)
+        assert ((y.float() - ref).abs() <= 2 ** -7 * ref.abs() + 1e-3).all()
+        for i in (0, 7, 19):
+            assert torch.equal(ext.dense(x[i:i + 1].clone(), w, t, None, 32, 4)[0], y[i])
+        assert torch.equal(ext.dense(x[:5].clone(), w, t, None, 32, 4), y[:5])
+    finally:
+        ext.q4_amx(True)
+
+
+def test_off_the_packed_bf16_product_runs(ext):
+    q, d, m = blocks(64, 576, seed=4)
+    t, w = q4.pack(q, d, m), q4.dequantize(q, d, m)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
+    x = torch.randn(3, 576).bfloat16()
+    was = ext.q4_products(False)
+    try:
+        off = ext.dense(x, packed, t, None, 32, 4)
+    finally:
+        ext.q4_products(was)
+    plain = torch.ops.mkldnn._linear_pointwise(torch.cat([x, x.new_zeros(1, 576)]), packed, None, "none", [], "")[:3]
+    assert torch.equal(off, plain)
+    assert ext.q4_products() is was
+
+
+def test_the_bundled_targets_layers_all_read_their_blocks(bundled, ext):
+    if bundled.fwd is None or bundled.fwd.dtype != torch.bfloat16:
+        pytest.skip("the bundled model runs in fp32 here (no native bf16)")
+    f = bundled.fwd
+    assert f.q4_note.startswith("4-bit products: 120 of 120")
+    for b in f.blocks:
+        for dn in (b.qkv, b.o, b.gu, b.down):
+            assert dn.q4 is not None and torch.equal(q4.unpacked(ext.q4_lines(dn.q4)), dn.w)
+
+
+def test_a_file_that_is_not_gguf_is_said_plainly(tmp_path, bundled):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"NOPE" + bytes(64))
+    with pytest.raises(ValueError, match="not a GGUF"):
+        q4.read_tensors(bad)
+    t = q4.read_tensors(bundled_gguf())
+    kind, dims, raw = t["blk.0.ffn_down.weight"]
+    assert kind == q4.Q4_1 and dims == (1536, 576) and raw.shape == (576, 1536 // 32 * 20)
+    assert isinstance(raw, np.ndarray)
