@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstring>
+#include <type_traits>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -40,11 +41,75 @@ static Tensor pad_to(const Tensor& x, int64_t rows) {
 // division; rsqrt is 1 / sqrt; eps is added in fp32; bf16 rounds to nearest even, as ATen's conversion does), so
 // the same bits with fewer ops. add_rms also takes the residual add before it, x + y in x's dtype (ATen's add:
 // the sum of the two in fp32, rounded once), and returns (x + y, the norm of it).
+// Elementwise bf16 stretches 16 at a time where the CPU has AVX-512 (F, BW): each element sees the same IEEE fp32
+// operations as the scalar loop (no FMA), and fp32 -> bf16 is c10's own rounding (to nearest even; NaN -> 0x7FC0),
+// so the bits are the scalar loop's.
+#define V16_TARGET __attribute__((target("avx512f,avx512bw")))
+
+static bool v16_ok() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return ok;
+}
+
+V16_TARGET static inline __m512 v16_load(const at::BFloat16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+V16_TARGET static inline void v16_store(at::BFloat16* p, __m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                        _mm512_set1_epi32(0x7FFF));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(r));
+}
+
+// o = bf16(x + y), n elements (the residual add)
+V16_TARGET static void v16_add(const at::BFloat16* x, const at::BFloat16* y, at::BFloat16* o, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) v16_store(o + i, _mm512_add_ps(v16_load(x + i), v16_load(y + i)));
+  for (; i < n; ++i) o[i] = static_cast<at::BFloat16>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
+}
+
+// q = x * x in fp32, n elements
+V16_TARGET static void v16_squares(const at::BFloat16* x, float* q, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 a = v16_load(x + i);
+    _mm512_storeu_ps(q + i, _mm512_mul_ps(a, a));
+  }
+  for (; i < n; ++i) {
+    const float a = static_cast<float>(x[i]);
+    q[i] = a * a;
+  }
+}
+
+// one row: o = bf16(w * bf16(x * r)), H elements
+V16_TARGET static void v16_scale(const at::BFloat16* x, const at::BFloat16* w, float r, at::BFloat16* o, int64_t H) {
+  int64_t j = 0;
+  const __m512 rv = _mm512_set1_ps(r);
+  for (; j + 16 <= H; j += 16) {
+    alignas(32) at::BFloat16 t[16];
+    v16_store(t, _mm512_mul_ps(v16_load(x + j), rv));
+    v16_store(o + j, _mm512_mul_ps(v16_load(w + j), v16_load(t)));
+  }
+  for (; j < H; ++j) {
+    const at::BFloat16 t = static_cast<at::BFloat16>(static_cast<float>(x[j]) * r);
+    o[j] = static_cast<at::BFloat16>(static_cast<float>(w[j]) * static_cast<float>(t));
+  }
+}
+
 template <typename T>
 static Tensor row_sq_sums(const T* x, int64_t n, int64_t H, const at::TensorOptions& opt) {
   // ATen's sum over each row of x^2 in fp32 [n, 1]: the reduction a mean of squares takes, in ATen's own order
   auto sq = at::empty({n, H}, opt.dtype(at::kFloat));
   float* q = sq.data_ptr<float>();
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (v16_ok()) {
+      v16_squares(x, q, n * H);
+      return at::sum(sq, {-1}, true);
+    }
+  }
   for (int64_t i = 0; i < n * H; ++i) {
     const float a = static_cast<float>(x[i]);
     q[i] = a * a;
@@ -62,7 +127,15 @@ static std::pair<Tensor, Tensor> rms_loops(const Tensor& x, const Tensor* y, con
     xs = at::empty_like(x);
     const T* yp = y->data_ptr<T>();
     T* sp = xs.data_ptr<T>();
-    for (int64_t i = 0; i < Np * H; ++i) sp[i] = static_cast<T>(static_cast<float>(xp[i]) + static_cast<float>(yp[i]));
+    bool done = false;
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+      if (v16_ok()) {
+        v16_add(xp, yp, sp, Np * H);
+        done = true;
+      }
+    }
+    if (!done)
+      for (int64_t i = 0; i < Np * H; ++i) sp[i] = static_cast<T>(static_cast<float>(xp[i]) + static_cast<float>(yp[i]));
     xp = sp;
   }
   const Tensor m = row_sq_sums(xp, Np, H, x.options());                                 // [Np, 1]
@@ -73,6 +146,12 @@ static std::pair<Tensor, Tensor> rms_loops(const Tensor& x, const Tensor* y, con
   for (int64_t i = 0; i < Np; ++i) {
     const float mean = mp[i] / n;
     const float r = 1.0f / std::sqrt(mean + e);
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+      if (v16_ok()) {
+        v16_scale(xp + i * H, wp, r, o + i * H, H);
+        continue;
+      }
+    }
     for (int64_t j = 0; j < H; ++j) {
       const T t = static_cast<T>(static_cast<float>(xp[i * H + j]) * r);
       o[i * H + j] = static_cast<T>(static_cast<float>(wp[j]) * static_cast<float>(t));
@@ -383,7 +462,10 @@ AMX_TARGET static void q4_on_tiles(const at::BFloat16* x, int64_t M, int64_t K, 
   alignas(64) float c[16 * 16];
   int64_t shape = -1;
   for (int64_t g = g0; g < g1; ++g) {
-    for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + b * 512);
+    // up to 16 rows: each tile's lines go to the tile product while they are in L1; more: all of them first
+    const bool one = M <= 16;
+    if (!one)
+      for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + b * 512);
     for (int64_t r0 = 0; r0 < M; r0 += 16) {
       const int64_t R = std::min<int64_t>(16, M - r0);
       if (R != shape) {   // tiles: 0 the sums [R, 16] fp32, 1 x [R, 32] bf16, 2 w [16 pairs, 16 x 2] bf16
@@ -397,8 +479,10 @@ AMX_TARGET static void q4_on_tiles(const at::BFloat16* x, int64_t M, int64_t K, 
       }
       _tile_zero(0);
       for (int64_t b = 0; b < B; ++b) {
+        uint16_t* wb = one ? w.data() + (b & 1) * 512 : w.data() + b * 512;
+        if (one) q4_unpack_tile(q + (g * B + b) * 320, wb);
         _tile_loadd(1, x + r0 * K + b * 32, K * 2);
-        _tile_loadd(2, w.data() + b * 512, 64);
+        _tile_loadd(2, wb, 64);
         _tile_dpbf16ps(0, 1, 2);
       }
       _tile_stored(0, c, 64);
@@ -414,16 +498,23 @@ Q4_TARGET static void q4_dots(const at::BFloat16* x, int64_t M, int64_t K, const
   const int64_t B = K / 32;
   std::vector<uint16_t> w(B * 512);
   for (int64_t g = g0; g < g1; ++g) {
-    for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + b * 512);
+    const bool one = M <= 8;   // as q4_on_tiles: one pass of rows unpacks each tile just before its products
+    if (!one)
+      for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + b * 512);
     for (int64_t r0 = 0; r0 < M; r0 += 8) {
       const int64_t R = std::min<int64_t>(8, M - r0);
       __m512 acc[8];
       for (int r = 0; r < 8; ++r) acc[r] = _mm512_setzero_ps();
       const int32_t* xp = reinterpret_cast<const int32_t*>(x + r0 * K);   // x's pairs
-      for (int64_t p = 0; p < K / 2; ++p) {
-        const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(w.data() + p * 32));
-        for (int r = 0; r < R; ++r)
-          acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(xp[r * (K / 2) + p]), wv);
+      for (int64_t b = 0; b < B; ++b) {
+        const uint16_t* wb = w.data() + (one ? 0 : b * 512);
+        if (one) q4_unpack_tile(q + (g * B + b) * 320, w.data());
+        for (int64_t pp = 0; pp < 16; ++pp) {
+          const int64_t p = b * 16 + pp;
+          const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(wb + pp * 32));
+          for (int r = 0; r < R; ++r)
+            acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(xp[r * (K / 2) + p]), wv);
+        }
       }
       for (int r = 0; r < R; ++r) {
         alignas(64) float c[16];
@@ -578,6 +669,31 @@ static const at::BFloat16* silu_table() {
   return table.data_ptr<at::BFloat16>();
 }
 
+static const float* silu_table32() {   // the same table as fp32 (a bf16's bits in the high half), for gathers
+  static const std::vector<float> t = [] {
+    const at::BFloat16* b = silu_table();
+    std::vector<float> f(65536);
+    for (int i = 0; i < 65536; ++i) f[i] = static_cast<float>(b[i]);
+    return f;
+  }();
+  return t.data();
+}
+
+// o [n, I] = bf16(silu(gate) * up) for gu [n, 2 I] (gate | up), 16 at a time: the table's value gathered
+V16_TARGET static void swiglu16(const float* t32, const at::BFloat16* g, at::BFloat16* o, int64_t n, int64_t I) {
+  for (int64_t i = 0; i < n; ++i) {
+    const at::BFloat16* gi = g + i * 2 * I;
+    int64_t j = 0;
+    for (; j + 16 <= I; j += 16) {
+      const __m512i ix = _mm512_xor_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(gi + j))),
+                                          _mm512_set1_epi32(0x8000));
+      v16_store(o + i * I + j, _mm512_mul_ps(_mm512_i32gather_ps(ix, t32, 4), v16_load(gi + I + j)));
+    }
+    for (; j < I; ++j)
+      o[i * I + j] = static_cast<at::BFloat16>(t32[gi[j].x ^ 0x8000] * static_cast<float>(gi[I + j]));
+  }
+}
+
 static Tensor swiglu(const Tensor& gu) {
   const int64_t n = gu.size(0), I = gu.size(-1) / 2;
   if (!(gu.device().is_cpu() && gu.dim() == 2 && gu.is_contiguous() && gu.scalar_type() == at::kBFloat16)) {
@@ -588,6 +704,10 @@ static Tensor swiglu(const Tensor& gu) {
   auto out = at::empty({n, I}, gu.options());
   const at::BFloat16* g = gu.data_ptr<at::BFloat16>();
   at::BFloat16* o = out.data_ptr<at::BFloat16>();
+  if (v16_ok()) {
+    swiglu16(silu_table32(), g, o, n, I);
+    return out;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const at::BFloat16* gi = g + i * 2 * I;
     for (int64_t j = 0; j < I; ++j)
@@ -668,58 +788,120 @@ static bool own_attention_fits(const Tensor& q, const Tensor& kr, int64_t D) {
          kr.stride(-2) == D;
 }
 
-// one query q [D] against the visible slots vis[0 .. nv) (position order) of keys and values kc, vc (rows D apart)
-// -> out [D] in T; bias[c] added to the c-th visible score where given; cs: scratch of nv + 16 floats
-template <typename T>
-I8_TARGET static void attend_query(const float* q, const float* kc, const float* vc, int64_t D, const int64_t* vis,
-                                   int64_t nv, const float* bias, float* cs, T* out) {
-  const int64_t C = D / 16;
-  __m512 qv[8];
-  for (int64_t j = 0; j < C; ++j) qv[j] = _mm512_loadu_ps(q + 16 * j);
-  auto dot = [&](int64_t slot) I8_TARGET {   // q . k in 16 lanes
-    const float* k = kc + slot * D;
-    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
-    for (int64_t j = 1; j < C; ++j) a = _mm512_fmadd_ps(qv[j], _mm512_loadu_ps(k + 16 * j), a);
+// NG query heads q[g] [D] of one key/value head against the visible slots vis[0 .. nv) (position order) of keys and
+// values kc, vc (rows D apart) -> out[g] [D] in T; bias[c] added to the c-th visible score where given; cs: scratch
+// of NG (nv + 16) floats. Each head's numbers go through the same operations in the same order whatever NG is (a
+// query's bits do not depend on the heads beside it); the heads side by side share each key's loads and keep
+// NG times the independent sums in flight.
+template <int NG, int CC, typename T>   // CC: D / 16 where known when compiled (its loops unrolled), else 0
+I8_TARGET static void attend_heads(const float* const* q, const float* kc, const float* vc, int64_t D,
+                                   const int64_t* vis, int64_t nv, const float* bias, float* cs, T* const* out) {
+  const int64_t C = CC ? CC : D / 16, W = nv + 16;
+  __m512 qv[NG][8];
+  for (int g = 0; g < NG; ++g)
+    for (int64_t j = 0; j < C; ++j) qv[g][j] = _mm512_loadu_ps(q[g] + 16 * j);
+  auto dot = [&](int g, const float* k) I8_TARGET {   // q . k in 16 lanes
+    __m512 a = _mm512_mul_ps(qv[g][0], _mm512_loadu_ps(k));
+    for (int64_t j = 1; j < C; ++j) a = _mm512_fmadd_ps(qv[g][j], _mm512_loadu_ps(k + 16 * j), a);
     return a;
   };
   const __m512 z = _mm512_setzero_ps();
   int64_t c = 0;
-  for (; c + 4 <= nv; c += 4)   // the lanes' sums by sum4's tree, four keys at a time (each its own tree)
-    _mm_storeu_ps(cs + c, sum4(dot(vis[c]), dot(vis[c + 1]), dot(vis[c + 2]), dot(vis[c + 3])));
-  for (; c < nv; ++c) {
-    float t[4];
-    _mm_storeu_ps(t, sum4(dot(vis[c]), z, z, z));
-    cs[c] = t[0];
+  for (; c + 4 <= nv; c += 4) {   // the lanes' sums by sum4's tree, four keys at a time (each its own tree)
+    const float *k0 = kc + vis[c] * D, *k1 = kc + vis[c + 1] * D, *k2 = kc + vis[c + 2] * D, *k3 = kc + vis[c + 3] * D;
+    for (int g = 0; g < NG; ++g) _mm_storeu_ps(cs + g * W + c, sum4(dot(g, k0), dot(g, k1), dot(g, k2), dot(g, k3)));
   }
-  float mx = -INFINITY;
+  for (; c < nv; ++c)
+    for (int g = 0; g < NG; ++g) {
+      float t[4];
+      _mm_storeu_ps(t, sum4(dot(g, kc + vis[c] * D), z, z, z));
+      cs[g * W + c] = t[0];
+    }
+  __m512 iv[NG];
+  for (int g = 0; g < NG; ++g) {
+    float* s = cs + g * W;
+    __m512 top = _mm512_set1_ps(-INFINITY);   // the max is the max in any order (a zero's sign changes no e^(s - max))
+    for (c = 0; c < nv; c += 16) {
+      const __mmask16 mk = nv - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nv - c)) - 1);
+      __m512 v = _mm512_maskz_loadu_ps(mk, s + c);
+      if (bias != nullptr) {
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + c));
+        _mm512_mask_storeu_ps(s + c, mk, v);
+      }
+      top = _mm512_mask_max_ps(top, mk, top, v);
+    }
+    const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 sum = z;
+    for (c = 0; c + 16 <= nv; c += 16) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c), mxv));
+      _mm512_storeu_ps(s + c, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    if (c < nv) {
+      const __mmask16 mk = (__mmask16)((1u << (nv - c)) - 1);
+      const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + c), mxv)));
+      _mm512_mask_storeu_ps(s + c, mk, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    iv[g] = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+  }
+  __m512 acc[NG][8];
+  for (int g = 0; g < NG; ++g)
+    for (int64_t j = 0; j < C; ++j) acc[g][j] = z;
   for (c = 0; c < nv; ++c) {
-    if (bias != nullptr) cs[c] += bias[c];
-    mx = std::max(mx, cs[c]);
-  }
-  const __m512 mxv = _mm512_set1_ps(mx);
-  __m512 sum = z;
-  for (c = 0; c + 16 <= nv; c += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(cs + c), mxv));
-    _mm512_storeu_ps(cs + c, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  if (c < nv) {
-    const __mmask16 mk = (__mmask16)((1u << (nv - c)) - 1);
-    const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, cs + c), mxv)));
-    _mm512_mask_storeu_ps(cs + c, mk, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  const __m512 iv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
-  __m512 acc[8];
-  for (int64_t j = 0; j < C; ++j) acc[j] = z;
-  for (c = 0; c < nv; ++c) {
-    const __m512 p = _mm512_set1_ps(cs[c]);
     const float* v = vc + vis[c] * D;
-    for (int64_t j = 0; j < C; ++j) acc[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * j), acc[j]);
+    for (int g = 0; g < NG; ++g) {
+      const __m512 p = _mm512_set1_ps(cs[g * W + c]);
+      for (int64_t j = 0; j < C; ++j) acc[g][j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * j), acc[g][j]);
+    }
   }
-  float o[128];
-  for (int64_t j = 0; j < C; ++j) _mm512_storeu_ps(o + 16 * j, _mm512_mul_ps(acc[j], iv));
-  for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(o[d]);
+  for (int g = 0; g < NG; ++g) {
+    float o[128];
+    for (int64_t j = 0; j < C; ++j) _mm512_storeu_ps(o + 16 * j, _mm512_mul_ps(acc[g][j], iv[g]));
+    for (int64_t d = 0; d < D; ++d) out[g][d] = static_cast<T>(o[d]);
+  }
+}
+
+// one query q [D] (attend_heads for one head; cs: nv + 16 floats)
+template <typename T>
+I8_TARGET static void attend_query(const float* q, const float* kc, const float* vc, int64_t D, const int64_t* vis,
+                                   int64_t nv, const float* bias, float* cs, T* out) {
+  if (D == 64)
+    attend_heads<1, 4, T>(&q, kc, vc, D, vis, nv, bias, cs, &out);
+  else
+    attend_heads<1, 0, T>(&q, kc, vc, D, vis, nv, bias, cs, &out);
+}
+
+// G heads, up to 4 side by side where D <= 64 (their registers fit), else 2
+template <typename T>
+static void attend_group(const float* q0, const float* kc, const float* vc, int64_t D, int64_t G, const int64_t* vis,
+                         int64_t nv, const float* bias, float* cs, T* out0) {
+  const int most = D <= 64 ? 4 : 2;
+  for (int64_t g = 0; g < G;) {
+    const int ng = static_cast<int>(std::min<int64_t>(most, G - g));
+    const float* q[4];
+    T* o[4];
+    for (int t = 0; t < ng; ++t) {
+      q[t] = q0 + (g + t) * D;
+      o[t] = out0 + (g + t) * D;
+    }
+    if (D == 64) {   // SmolLM2's and most small models' head size
+      switch (ng) {
+        case 4: attend_heads<4, 4, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+        case 3: attend_heads<3, 4, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+        case 2: attend_heads<2, 4, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+        default: attend_heads<1, 4, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+      }
+    } else {
+      switch (ng) {
+        case 4: attend_heads<4, 0, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+        case 3: attend_heads<3, 0, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+        case 2: attend_heads<2, 0, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+        default: attend_heads<1, 0, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+      }
+    }
+    g += ng;
+  }
 }
 
 // nodes i = 0 .. n - 1: query row qrow[i] of q [., Hq, D] (heads D apart), visible slots vis[i] (bias[i] where not
@@ -739,15 +921,14 @@ static void attend_nodes(const Tensor& q, const Tensor& kr, const Tensor& vr, co
   // costs more than they do
   const int64_t grain = work * Hq * D < (1 << 17) ? n * Hkv : 1;
   at::parallel_for(0, n * Hkv, grain, [&](int64_t u0, int64_t u1) {
-    std::vector<float> cs(most + 16);
+    std::vector<float> cs(4 * (most + 16));
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t i = u / Hkv, h = u % Hkv;
       const float* kc = kr.data_ptr<float>() + h * kr.stride(0);
       const float* vc = vr.data_ptr<float>() + h * vr.stride(0);
       const float* b = bias[i].empty() ? nullptr : bias[i].data();
-      for (int64_t g = 0; g < G; ++g)
-        attend_query(qp + qrow[i] * qs + (h * G + g) * D, kc, vc, D, vis[i].data(), vis[i].size(), b, cs.data(),
-                     out + orow[i] * ors + (h * G + g) * D);
+      attend_group(qp + qrow[i] * qs + h * G * D, kc, vc, D, G, vis[i].data(), vis[i].size(), b, cs.data(),
+                   out + orow[i] * ors + h * G * D);
     }
   });
 }
@@ -848,6 +1029,13 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
   const bool many = starts.size() + t_idx.size() > 1 || N != Np;
   const size_t L = ln1.size();
   Tensor h = L ? rms_norm(x, ln1[0], eps) : x;                 // layer l's normed input (a residual add's, below)
+  // the attention loop's rows and visible slots per chain and tree: the same in every layer, made at the first
+  struct Seen {
+    std::vector<int64_t> rows;
+    std::vector<std::vector<int64_t>> vis;
+    std::vector<std::vector<float>> bs;
+  };
+  std::vector<Seen> seen;
   for (size_t l = 0; l < L; ++l) {
     auto qkv = dense(h, qkv_w[l], sc[l][0], qkv_b[l], max_rows, rows);
     auto kr = ks[l].select(0, row), vr = vs[l].select(0, row);
@@ -857,15 +1045,26 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
     TORCH_CHECK(qk.is_contiguous() && qk.scalar_type() == at::kFloat &&
                 (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat), "span_layers: bf16 or fp32");
     const bool own = own_attention_fits(qk, kr, D);
+    if (own && seen.empty()) {
+      seen.resize(starts.size() + t_idx.size());
+      for (size_t j = 0; j < starts.size(); ++j) {
+        Seen& e = seen[j];
+        for (int64_t i = 0; i < counts[j]; ++i) e.rows.push_back(starts[j] + i);
+        chain_visible(biases[j], counts[j], key_lens[j], e.vis, e.bs);
+      }
+      for (size_t j = 0; j < t_idx.size(); ++j) {   // t_first[j] >= 0: the nodes are queries a .. a + n - 1
+        Seen& e = seen[starts.size() + j];
+        const int64_t a = t_first[j], n = t_idx[j].size(0);
+        const Tensor idx = t_idx[j].to(at::kLong).contiguous();
+        for (int64_t i = 0; i < n; ++i) e.rows.push_back(a >= 0 ? a + i : idx.data_ptr<int64_t>()[i]);
+        tree_visible(t_gather[j], t_bias[j], n, Hq / Hkv, t_base[j], e.vis, e.bs);
+      }
+    }
     for (size_t j = 0; j < starts.size(); ++j) {
       const int64_t a = starts[j], n = counts[j], S = key_lens[j];
       if (own) {
-        std::vector<int64_t> rows(n);
-        for (int64_t i = 0; i < n; ++i) rows[i] = a + i;
-        std::vector<std::vector<int64_t>> vis;
-        std::vector<std::vector<float>> bs;
-        chain_visible(biases[j], n, S, vis, bs);
-        attend_any(qk, kr, vr, rows, vis, bs, att, rows, Hq, Hkv, D);
+        const Seen& e = seen[j];
+        attend_any(qk, kr, vr, e.rows, e.vis, e.bs, att, e.rows, Hq, Hkv, D);
         continue;
       }
       auto k = kr.slice(1, 0, S).to(at::kFloat).unsqueeze(0), v = vr.slice(1, 0, S).to(at::kFloat).unsqueeze(0);
@@ -878,13 +1077,8 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
     for (size_t j = 0; j < t_idx.size(); ++j) {
       const int64_t a = t_first[j], n = t_idx[j].size(0);   // a >= 0: the nodes are queries a .. a + n - 1
       if (own) {
-        const Tensor idx = t_idx[j].to(at::kLong).contiguous();
-        std::vector<int64_t> rows(n);
-        for (int64_t i = 0; i < n; ++i) rows[i] = a >= 0 ? a + i : idx.data_ptr<int64_t>()[i];
-        std::vector<std::vector<int64_t>> vis;
-        std::vector<std::vector<float>> bs;
-        tree_visible(t_gather[j], t_bias[j], n, Hq / Hkv, t_base[j], vis, bs);
-        attend_any(qk, kr, vr, rows, vis, bs, att, rows, Hq, Hkv, D);
+        const Seen& e = seen[starts.size() + j];
+        attend_any(qk, kr, vr, e.rows, e.vis, e.bs, att, e.rows, Hq, Hkv, D);
         continue;
       }
       auto q = a >= 0 ? qk.slice(0, a, a + n).slice(1, 0, Hq) : qk.slice(1, 0, Hq).index({t_idx[j]});
