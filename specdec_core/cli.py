@@ -352,9 +352,9 @@ def cmd_bench_peer(args) -> int:
     if summ_extra:
         print(f"\nour engine with other drafters (each at its own default k), in the same rounds, beside "
               f"llama.cpp's plain decoding:\n{peer.extra_table_text(summ_extra)}", file=dest)
-    print("caveat: llama.cpp computes with the file's 4-bit blocks, we with the weights de-quantized to "
-          f"{pr.dtype}: the engines' texts differ from each other; each speculative text is compared with its "
-          "own engine's plain text", file=dest)
+    print("caveat: llama.cpp multiplies the file's 4-bit blocks with 8-bit activations, we the same weights' "
+          f"{pr.dtype} values with {pr.dtype} activations: the engines' texts differ from each other; each "
+          "speculative text is compared with its own engine's plain text", file=dest)
     if args.json:
         for s_ in summ + summ_extra:
             print(json.dumps({"summary": True, **s_}), flush=True)

@@ -20,7 +20,11 @@ log-probs (`draft_top`). `draft_loops(False)` turns them off, so the bitwise tes
 The target's attention, too, runs as one loop per query (`own_attention`; docs/forward.md says why a query gets the
 same bits however it is batched, and forward.Forward._attend calls it for batches), which rounds differently from
 ATen's ops: `own_attention(False)` turns it off for the same bitwise tests.
-They are compiled for AVX-512 (F, BW, VNNI) and chosen at run time: on a CPU without it ATen's ops run. The build
+The bundled target's layer products can read its file's 4-bit blocks (q4.py: unpacked in registers into the same bf16
+weights, summed on AMX's tiles or AVX-512 BF16 dot products; `q4_products(False)` restores oneDNN's packed bf16
+product). RMSNorm's and SwiGLU's bf16 loops run 16 elements at a time with c10's rounding (the same bits).
+They are compiled for AVX-512 (F, BW, VNNI; BF16 for the 4-bit product) and chosen at run time: on a CPU without it
+ATen's ops run. The build
 passes -fopenmp so that ATen's parallel_for, inlined here, splits work over torch's own OpenMP threads.
 
 It is built once per machine with torch's extension builder (a C++ compiler and ninja; ~30 s on 2 cores) into

@@ -486,8 +486,7 @@ AMX_TARGET static void q4_on_tiles(const at::BFloat16* x, int64_t M, int64_t K, 
         _tile_dpbf16ps(0, 1, 2);
       }
       _tile_stored(0, c, 64);
-      for (int64_t r = 0; r < R; ++r)
-        for (int j = 0; j < 16; ++j) y[(r0 + r) * N + g * 16 + j] = at::BFloat16(c[r * 16 + j]);
+      for (int64_t r = 0; r < R; ++r) v16_store(y + (r0 + r) * N + g * 16, _mm512_load_ps(c + r * 16));
     }
   }
   if (shape >= 0) _tile_release();
@@ -516,11 +515,7 @@ Q4_TARGET static void q4_dots(const at::BFloat16* x, int64_t M, int64_t K, const
             acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(xp[r * (K / 2) + p]), wv);
         }
       }
-      for (int r = 0; r < R; ++r) {
-        alignas(64) float c[16];
-        _mm512_store_ps(c, acc[r]);
-        for (int j = 0; j < 16; ++j) y[(r0 + r) * N + g * 16 + j] = at::BFloat16(c[j]);
-      }
+      for (int r = 0; r < R; ++r) v16_store(y + (r0 + r) * N + g * 16, acc[r]);
     }
   }
 }

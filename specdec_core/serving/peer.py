@@ -13,9 +13,10 @@ With extra drafters (`bench --peer llama.cpp --drafter eagle`), our engine also 
 own default k, in the same back-to-back rounds: its tokens/s beside llama.cpp's plain decoding (and ours), and
 whether its text is our plain text.
 
-What differs, and the report says so: llama.cpp computes with the file's 4-bit (Q4_1) blocks, we run the same
-weights de-quantized to bf16 (or fp32), so the two engines' texts are not expected to match each other; each
-engine's speculative text is compared with its own plain text.
+What differs, and the report says so: llama.cpp computes with the file's 4-bit (Q4_1) blocks against 8-bit
+activations, we with the same weights' bf16 (or fp32) values against bf16 activations (on a CPU with AVX-512 BF16
+our layers read them from the file's 4-bit blocks too, unpacked in registers: q4.py), so the two engines' texts are
+not expected to match each other; each engine's speculative text is compared with its own plain text.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ..bench.invariance import first_difference
 from ..bench.sweeps import REPEATS, ratios
 from ..drafters import PLAIN, Drafter, make
 from ..engine import run
+from ..forward import loop_name
 from ..models import LM, bundled_gguf
 from ..sampling import SamplingParams
 
@@ -119,6 +121,7 @@ class PeerRun:
     runs: dict = field(default_factory=dict)
     prompt_ids: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)   # our extra drafters: name -> its k; runs[("ours", name)]
+    q4: bool = False                            # our layers read the file's 4-bit blocks (q4.py)
 
 
 def measure(target: LM, prompts: list[list[int]], k: int, max_new: int, threads: int,
@@ -153,7 +156,8 @@ def measure(target: LM, prompts: list[list[int]], k: int, max_new: int, threads:
         one(e, m, warm, 8)
     pr = PeerRun(k, threads, max_new, str(target.dtype).removeprefix("torch."), version(),
                  lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True),
-                 {v: [] for v in variants}, [list(p) for p in prompts], {n: d.default_k for n, d in extra.items()})
+                 {v: [] for v in variants}, [list(p) for p in prompts], {n: d.default_k for n, d in extra.items()},
+                 "4-bit products" in loop_name(target.fwd))
     for r in range(repeats):
         for v in variants:
             pr.runs[v].append([None] * len(prompts))
@@ -222,7 +226,7 @@ def summary(pr: PeerRun) -> list[dict]:
         diffs = [_diff(pr, a.ids, b.ids) for a, b in zip(pl[0], sp[0])]
         ident = sum(d["identical"] for d in diffs)
         out.append({"engine": e, "weights": "Q4_1 (4-bit blocks, as in the file)" if e == PEER
-                    else f"{pr.dtype} (the file's weights de-quantized)",
+                    else f"{pr.dtype} values of the file's weights" + (", read as its 4-bit blocks" if pr.q4 else ""),
                     "version": pr.peer_version if e == PEER else "this project",
                     "threads": pr.threads, "k": pr.k, "prompts": len(pl[0]),
                     "tokens_plain": sum(len(x.ids) for x in pl[0]), "tokens_spec": sum(len(x.ids) for x in sp[0]),
