@@ -5,18 +5,19 @@ and q in 0..15 (ggml's format; llama.cpp reads it as is). Loading unpacks them i
 those bf16 values are the model we run. A one-token step is bound by reading those weights (270 MB a token in bf16,
 ~14.5 GB/s on the 2-core Xeon): csrc/span.cpp's 4-bit product reads the blocks instead and unpacks each one into
 the very same bf16 values in registers (d q is exact in fp32, so its fused d q + m rounds as the file's mul then
-add does), then multiplies them with fp32 sums: AMX's tile product where the CPU has it, else AVX-512 BF16 dot
-products. Each output element is one sum in one order whatever rows come with it, so the forward stays
+add does), then multiplies them with fp32 sums on AMX's tiles (or, asked for, AVX-512 BF16 dot products). Each output element is one sum in one order whatever rows come with it, so the forward stays
 batch-invariant; the sums run in another order than oneDNN's, so the logits move in the last bits (plain and
 speculative decoding both take it: the outputs stay token-identical).
 
 `attach(fwd, path)` packs each layer's Q4_1 blocks into the kernel's tiles (forward.Dense.q4) and keeps them only
 where the kernel's own unpacking gives back every bf16 weight bit for bit; the oneDNN-packed bf16 weights stay
 beside them (q4_products(False) switches back, as the bitwise tests do). The head (the tied embedding, Q8_0) keeps
-its bf16 product. See docs/forward.md for the figures.
+its bf16 product. Without AMX the tiles are not attached unless SPECDEC_Q4=dots asks (the dot-product kernel is
+slower than oneDNN's at verify sizes where measured). See docs/forward.md for the figures.
 """
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -149,6 +150,10 @@ def attach(fwd, path) -> str:
     lines = native_op("q4_lines")
     if lines is None or fwd.device.type != "cpu" or fwd.dtype != torch.bfloat16 or fwd._w is None:
         return "4-bit products: not here (they need the C++ build, AVX-512 BF16 and a bf16 CPU forward)"
+    if not native_op("q4_amx")() and os.environ.get("SPECDEC_Q4") != "dots":
+        # measured on the Xeon with AMX turned off: a 16-token verify 1.5x oneDNN's bf16 product (a 1-token step
+        # 0.95x); the kind without AMX is not measured, so it keeps oneDNN's products unless asked
+        return "4-bit products: off (no AMX here; SPECDEC_Q4=dots runs them on AVX-512 BF16 dot products)"
     try:
         raw = read_tensors(path)
     except (OSError, ValueError, struct.error) as e:   # pragma: no cover - the bundled file always reads

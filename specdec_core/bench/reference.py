@@ -56,7 +56,9 @@ def products() -> str:
         lines(torch.zeros(1, 1, 320, dtype=torch.uint8))
     except RuntimeError:          # no AVX-512 BF16
         return "packed"
-    return "q4-amx" if amx() else "q4-dots"
+    if amx():
+        return "q4-amx"
+    return "q4-dots" if os.environ.get("SPECDEC_Q4") == "dots" else "packed"   # q4.attach's rule
 
 
 def attention() -> str:
