@@ -5,9 +5,9 @@ and q in 0..15 (ggml's format; llama.cpp reads it as is). Loading unpacks them i
 those bf16 values are the model we run. A one-token step is bound by reading those weights (270 MB a token in bf16,
 ~14.5 GB/s on the 2-core Xeon): csrc/span.cpp's 4-bit product reads the blocks instead and unpacks each one into
 the very same bf16 values in registers (d q is exact in fp32, so its fused d q + m rounds as the file's mul then
-add does), then multiplies them with fp32 sums on AMX's tiles (or, asked for, AVX-512 BF16 dot products). Each output element is one sum in one order whatever rows come with it, so the forward stays
-batch-invariant; the sums run in another order than oneDNN's, so the logits move in the last bits (plain and
-speculative decoding both take it: the outputs stay token-identical).
+add does), then multiplies them with fp32 sums on AMX's tiles (or, asked for, AVX-512 BF16 dot products). Each output
+element is one sum in one order whatever rows come with it, so the forward stays batch-invariant; on AMX that order
+is oneDNN's own, so the logits are its packed product's bit for bit (tests/test_q4.py).
 
 `attach(fwd, path)` packs each layer's Q4_1 blocks into the kernel's tiles (forward.Dense.q4) and keeps them only
 where the kernel's own unpacking gives back every bf16 weight bit for bit; the oneDNN-packed bf16 weights stay

@@ -411,8 +411,9 @@ static bool draft_loops(bool on) {
 // 32 b + 31, 16 lines of 16 bytes (line kk: element e = 2 n + parity, weight (16 g + e / 2, 32 b + 2 kk + e % 2);
 // low nibbles are e < 16, high nibbles e >= 16), then d [16] and m [16] fp16: a line unpacks into one row of AMX's
 // pair-interleaved B tile. Every output element is one sum over k in one order, whatever rows come with it, so the
-// product is batch-invariant with no padding. AMX's tile product where the CPU has it (and the OS grants it), else
-// AVX-512 BF16 dot products in the same pair order; the two round differently, each the same in every call.
+// product is batch-invariant with no padding. AMX's tile product where the CPU has it (and the OS grants it): the same
+// order as oneDNN's packed bf16 product, whose bits it gives (tests/test_q4.py); else AVX-512 BF16 dot products in
+// the same pair order (q4.py attaches tiles for them only when asked), which round differently.
 #define Q4_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,f16c")))
 #define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,f16c,amx-tile,amx-bf16")))
 
