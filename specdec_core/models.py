@@ -144,8 +144,9 @@ def token_count(tokenizer, rows: int) -> int:
     return min(int(n), rows) if n else rows
 
 
-def attach_forward(lm: LM, forward: str = "ours", **kw) -> LM:
-    """Give `lm` our forward (kw go to Forward.from_model), or record why transformers' runs instead."""
+def attach_forward(lm: LM, forward: str = "ours", q4_from: Path | None = None, **kw) -> LM:
+    """Give `lm` our forward (kw go to Forward.from_model), or record why transformers' runs instead. q4_from: the
+    GGUF file whose 4-bit blocks its layer products may read (q4.attach: the bundled model's)."""
     if forward not in FORWARDS:
         raise ModelError(f"unknown forward {forward!r}; use one of {', '.join(FORWARDS)}")
     lm.fwd, lm.fallback = None, ""
@@ -154,6 +155,8 @@ def attach_forward(lm: LM, forward: str = "ours", **kw) -> LM:
     if forward == "ours":
         try:
             lm.fwd = Forward.from_model(lm.model, **kw)
+            if q4_from is not None:
+                lm.fwd.q4_note = q4.attach(lm.fwd, q4_from)
         except Unsupported as e:
             lm.fallback = f"{lm.name}: our forward does not cover it ({e}); running transformers' forward"
             print(f"note: {lm.fallback}", file=sys.stderr)
@@ -328,10 +331,8 @@ def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: st
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no details"
         raise ModelError(f"could not load model {spec!r}: {type(e).__name__}: {first}") from e
     model = model.to(dev).eval()
-    lm = attach_forward(LM(model, tok, name, dt, dev), forward)
-    if spec == BUNDLED and lm.fwd is not None and os.environ.get("SPECDEC_Q4", "1") != "0":
-        lm.fwd.q4_note = q4.attach(lm.fwd, bundled_gguf())   # its layers' products from the file's 4-bit blocks
-    return lm
+    q4_from = bundled_gguf() if spec == BUNDLED and os.environ.get("SPECDEC_Q4", "1") != "0" else None
+    return attach_forward(LM(model, tok, name, dt, dev), forward, q4_from=q4_from)
 
 
 def vocab_diff(target: LM, draft: LM) -> list[str]:
