@@ -598,12 +598,10 @@ def loop_name(f: "Forward | None") -> str:
     return "C++ layer loop, 4-bit products" if q4 else "C++ layer loop"
 
 
-@functools.lru_cache(maxsize=None)
 def span_layers():
     """The one-row layer loop: native.py's C++ build of _span_layers where this machine has one (the same ATen
     ops, so the same bits, without the interpreter), else the TorchScript function. Resolved once a process."""
-    from . import native
-    return native.op("span_layers") or _span_layers
+    return native_op("span_layers") or _span_layers
 
 
 _IN_PLACE: dict = {}

@@ -43,12 +43,11 @@ draft 3.32 ms a step (median) against 4.40, 3.40 tokens a step against 3.37, 106
 """
 from __future__ import annotations
 
-import functools
 from typing import List, Optional, Tuple
 
 import torch
 
-from ..forward import mask_bias, scripted
+from ..forward import mask_bias, native_op, scripted
 from .packed import parts, product, product_of
 
 
@@ -150,12 +149,10 @@ class PackedHead:
     bias = staticmethod(mask_bias)   # a bool attention mask (True: attends) -> the additive bias __call__ takes
 
 
-@functools.lru_cache(maxsize=None)
 def rows():
     """The level's layer: native.py's C++ port of _rows where this machine builds it (the same bits, fewer
-    interpreter steps), else _rows. Resolved once a process."""
-    from .. import native
-    return native.op("eagle_rows") or _rows
+    interpreter steps), else _rows. Resolved once a process (forward.native_op)."""
+    return native_op("eagle_rows") or _rows
 
 
 @scripted
