@@ -150,6 +150,10 @@ def attach(fwd, path) -> str:
     lines = native_op("q4_lines")
     if lines is None or fwd.device.type != "cpu" or fwd.dtype != torch.bfloat16 or fwd._w is None:
         return "4-bit products: not here (they need the C++ build, AVX-512 BF16 and a bf16 CPU forward)"
+    try:
+        lines(torch.zeros(1, 1, 320, dtype=torch.uint8))
+    except RuntimeError:   # the build is there, AVX-512 BF16 is not
+        return "4-bit products: not here (this CPU has no AVX-512 BF16)"
     if not native_op("q4_amx")() and os.environ.get("SPECDEC_Q4") != "dots":
         # measured on the Xeon with AMX turned off: a 16-token verify 1.5x oneDNN's bf16 product (a 1-token step
         # 0.95x); the kind without AMX is not measured, so it keeps oneDNN's products unless asked

@@ -122,3 +122,25 @@ def test_on_amx_the_tiles_sum_as_onednns_packed_product_does(ext):
             finally:
                 ext.q4_products(was)
             assert torch.equal(ours, theirs), (N, K, rows)
+
+
+def test_where_the_kernel_cannot_run_the_forward_keeps_its_products(bundled, monkeypatch):
+    """A CPU without AVX-512 BF16 (the unpacking raises), or without AMX unless asked: no tiles, a note saying why."""
+    import specdec_core.forward as fw
+    if bundled.fwd is None or fw.native_op("q4_lines") is None:
+        pytest.skip("no C++ build here")
+
+    def no_bf16(q):
+        raise RuntimeError("q4_lines: a packed 4-bit weight on a CPU with AVX-512 BF16")
+    fake, real = {"q4_lines": no_bf16, "q4_amx": lambda tiles=None: False}, fw.native_op
+    monkeypatch.setattr(fw, "native_op", lambda name: fake.get(name) or real(name))
+    f = fw.Forward(bundled.fwd.embed, [fw.Block(b.ln1, fw.Dense(b.qkv.w), fw.Dense(b.o.w), b.ln2, fw.Dense(b.gu.w),
+                                                fw.Dense(b.down.w)) for b in bundled.fwd.blocks[:2]],
+                   bundled.fwd.norm, bundled.fwd.head, None, bundled.fwd.n_heads, bundled.fwd.n_kv,
+                   bundled.fwd.head_dim, bundled.fwd.eps, bundled.fwd.inv_freq)
+    note = q4.attach(f, bundled_gguf())
+    assert "no AVX-512 BF16" in note and all(b.qkv.q4 is None for b in f.blocks)
+    fake["q4_lines"] = lambda q: torch.zeros(1)
+    monkeypatch.delenv("SPECDEC_Q4", raising=False)
+    note = q4.attach(f, bundled_gguf())
+    assert "off (no AMX here" in note and all(b.qkv.q4 is None for b in f.blocks)
