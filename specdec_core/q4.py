@@ -168,7 +168,7 @@ def attach(fwd, path) -> str:
             dense = getattr(blk, name)
             ts = [raw.get(f"blk.{l}.{p}.weight") for p in parts]
             K = dense.w.shape[1]
-            if any(t is None or t[0] != Q4_1 for t in ts) or K % 32 or dense.w.shape[0] % 16 \
+            if any(t is None or t[0] != Q4_1 or t[1][0] != K for t in ts) or K % 32 or dense.w.shape[0] % 16 \
                     or dense.s is not None or dense.packed is None:
                 continue
             qs, ds, ms, a = [], [], [], 0
