@@ -347,18 +347,14 @@ I8_TARGET static void i8_tile(const int16_t* xq, const float* sx, int64_t K, con
 }
 
 // x [K] bf16 -> xq [K] int16 (round to nearest even) and its scale: the largest |x| becomes 32767
-I8_TARGET static inline __m512 bf16x16(const at::BFloat16* x) {   // 16 bf16 -> fp32: the bits in the high half
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)x)), 16));
-}
-
 I8_TARGET static float i8_quantize(const at::BFloat16* x, int64_t K, int16_t* xq) {
   __m512 amax = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(bf16x16(x + k)));
+  for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(v16_load(x + k)));
   const float mx = _mm512_reduce_max_ps(amax);
   const float sc = mx > 0.f ? mx / 32767.f : 1.f;
   const __m512 inv = _mm512_set1_ps(1.f / sc);
   for (int64_t k = 0; k < K; k += 16)   // |x / sc| <= 32767 (to rounding): the narrowing never saturates
-    _mm256_storeu_si256((__m256i*)(xq + k), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(bf16x16(x + k), inv))));
+    _mm256_storeu_si256((__m256i*)(xq + k), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(v16_load(x + k), inv))));
   return sc;
 }
 
@@ -462,9 +458,8 @@ AMX_TARGET static void q4_on_tiles(const at::BFloat16* x, int64_t M, int64_t K, 
   std::vector<uint16_t> w(B * 512);
   alignas(64) float c[16 * 16];
   int64_t shape = -1;
+  const bool one = M <= 16;   // up to 16 rows: each tile's lines go to the tile product while in L1; more: all first
   for (int64_t g = g0; g < g1; ++g) {
-    // up to 16 rows: each tile's lines go to the tile product while they are in L1; more: all of them first
-    const bool one = M <= 16;
     if (!one)
       for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + b * 512);
     for (int64_t r0 = 0; r0 < M; r0 += 16) {
@@ -497,8 +492,8 @@ Q4_TARGET static void q4_dots(const at::BFloat16* x, int64_t M, int64_t K, const
                               int64_t N, int64_t g0, int64_t g1) {
   const int64_t B = K / 32;
   std::vector<uint16_t> w(B * 512);
+  const bool one = M <= 8;   // as q4_on_tiles: one pass of rows unpacks each tile just before its products
   for (int64_t g = g0; g < g1; ++g) {
-    const bool one = M <= 8;   // as q4_on_tiles: one pass of rows unpacks each tile just before its products
     if (!one)
       for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + b * 512);
     for (int64_t r0 = 0; r0 < M; r0 += 8) {
@@ -521,10 +516,13 @@ Q4_TARGET static void q4_dots(const at::BFloat16* x, int64_t M, int64_t K, const
   }
 }
 
+static bool is_q4_tiles(const Tensor& q) {   // [G, B, 320] u8, as q4.py packs them
+  return q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == 320 && q.is_contiguous();
+}
+
 static bool q4_fits(const Tensor& x, const Tensor& q) {
-  return q4_on && q4_fits_cpu() && x.is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 &&
-         q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == 320 && q.is_contiguous() &&
-         x.size(1) == q.size(1) * 32;
+  return q4_on && q4_fits_cpu() && is_q4_tiles(q) && x.is_cpu() && x.dim() == 2 &&
+         x.scalar_type() == at::kBFloat16 && x.size(1) == q.size(1) * 32;
 }
 
 static Tensor q4_product(const Tensor& x_, const Tensor& q) {
@@ -547,8 +545,7 @@ static Tensor q4_product(const Tensor& x_, const Tensor& q) {
 // q4 [G, B, 320] -> its lines as the kernel unpacks them, [G, B, 16, 32] bf16 (element 2 n + parity of line kk;
 // q4.py puts them back in row order and checks them against the weights they stand for)
 static Tensor q4_lines(const Tensor& q) {
-  TORCH_CHECK(q4_fits_cpu() && q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == 320 && q.is_contiguous(),
-              "q4_lines: a packed 4-bit weight on a CPU with AVX-512 BF16");
+  TORCH_CHECK(q4_fits_cpu() && is_q4_tiles(q), "q4_lines: a packed 4-bit weight on a CPU with AVX-512 BF16");
   const int64_t G = q.size(0), B = q.size(1);
   auto w = at::empty({G, B, 16, 32}, q.options().dtype(at::kBFloat16));
   uint16_t* wp = reinterpret_cast<uint16_t*>(w.data_ptr<at::BFloat16>());
@@ -858,14 +855,30 @@ I8_TARGET static void attend_heads(const float* const* q, const float* kc, const
   }
 }
 
-// one query q [D] (attend_heads for one head; cs: nv + 16 floats)
+// attend_heads for ng (1 .. 4) heads, its loops unrolled where D is 64 (SmolLM2's and most small models' head size)
 template <typename T>
-I8_TARGET static void attend_query(const float* q, const float* kc, const float* vc, int64_t D, const int64_t* vis,
-                                   int64_t nv, const float* bias, float* cs, T* out) {
+static void attend_some(int ng, const float* const* q, const float* kc, const float* vc, int64_t D, const int64_t* vis,
+                        int64_t nv, const float* bias, float* cs, T* const* o) {
+  auto run = [&](auto cc) {
+    constexpr int CC = decltype(cc)::value;
+    switch (ng) {
+      case 4: attend_heads<4, CC, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+      case 3: attend_heads<3, CC, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+      case 2: attend_heads<2, CC, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+      default: attend_heads<1, CC, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
+    }
+  };
   if (D == 64)
-    attend_heads<1, 4, T>(&q, kc, vc, D, vis, nv, bias, cs, &out);
+    run(std::integral_constant<int, 4>());
   else
-    attend_heads<1, 0, T>(&q, kc, vc, D, vis, nv, bias, cs, &out);
+    run(std::integral_constant<int, 0>());
+}
+
+// one query q [D] (cs: nv + 16 floats)
+template <typename T>
+static void attend_query(const float* q, const float* kc, const float* vc, int64_t D, const int64_t* vis, int64_t nv,
+                         const float* bias, float* cs, T* out) {
+  attend_some(1, &q, kc, vc, D, vis, nv, bias, cs, &out);
 }
 
 // G heads, up to 4 side by side where D <= 64 (their registers fit), else 2
@@ -881,21 +894,7 @@ static void attend_group(const float* q0, const float* kc, const float* vc, int6
       q[t] = q0 + (g + t) * D;
       o[t] = out0 + (g + t) * D;
     }
-    if (D == 64) {   // SmolLM2's and most small models' head size
-      switch (ng) {
-        case 4: attend_heads<4, 4, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
-        case 3: attend_heads<3, 4, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
-        case 2: attend_heads<2, 4, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
-        default: attend_heads<1, 4, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
-      }
-    } else {
-      switch (ng) {
-        case 4: attend_heads<4, 0, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
-        case 3: attend_heads<3, 0, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
-        case 2: attend_heads<2, 0, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
-        default: attend_heads<1, 0, T>(q, kc, vc, D, vis, nv, bias, cs, o); break;
-      }
-    }
+    attend_some(ng, q, kc, vc, D, vis, nv, bias, cs, o);
     g += ng;
   }
 }
