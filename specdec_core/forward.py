@@ -593,9 +593,13 @@ def loop_name(f: "Forward | None") -> str:
         return "op-by-op layer loop"
     if span_layers() is _span_layers:
         return "TorchScript layer loop"
+    return "C++ layer loop, 4-bit products" if reads_q4(f) else "C++ layer loop"
+
+
+def reads_q4(f: "Forward | None") -> bool:
+    """Whether f's layer products read 4-bit tiles now (q4.attach gave them; q4_products on)."""
     on = native_op("q4_products")
-    q4 = any(b.qkv.q4 is not None for b in f.blocks) and on is not None and on()
-    return "C++ layer loop, 4-bit products" if q4 else "C++ layer loop"
+    return f is not None and any(b.qkv.q4 is not None for b in f.blocks) and on is not None and on()
 
 
 def span_layers():

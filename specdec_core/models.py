@@ -331,8 +331,7 @@ def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: st
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no details"
         raise ModelError(f"could not load model {spec!r}: {type(e).__name__}: {first}") from e
     model = model.to(dev).eval()
-    q4_from = bundled_gguf() if spec == BUNDLED and os.environ.get("SPECDEC_Q4", "1") != "0" else None
-    return attach_forward(LM(model, tok, name, dt, dev), forward, q4_from=q4_from)
+    return attach_forward(LM(model, tok, name, dt, dev), forward, q4_from=bundled_gguf() if spec == BUNDLED else None)
 
 
 def vocab_diff(target: LM, draft: LM) -> list[str]:

@@ -143,21 +143,38 @@ def _row_order(w: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
     return p
 
 
-def attach(fwd, path) -> str:
-    """Give fwd's layer products their 4-bit tiles from the GGUF at path, where the kernel runs here and every
-    weight comes back bit for bit. -> what it did, one line (also why not)."""
+def kernel() -> tuple[str | None, str]:
+    """Which 4-bit kernel the bundled target's layers take here: ("amx", "") where the OS grants AMX, ("dots", "")
+    without AMX when SPECDEC_Q4=dots asks, else (None, why not). SPECDEC_Q4=0 turns them off."""
     from .forward import native_op
+    if os.environ.get("SPECDEC_Q4", "1") == "0":
+        return None, "off (SPECDEC_Q4=0)"
     lines = native_op("q4_lines")
-    if lines is None or fwd.device.type != "cpu" or fwd.dtype != torch.bfloat16 or fwd._w is None:
-        return "4-bit products: not here (they need the C++ build, AVX-512 BF16 and a bf16 CPU forward)"
+    if lines is None:
+        return None, "not here (they need the C++ build, AVX-512 BF16 and a bf16 CPU forward)"
     try:
         lines(torch.zeros(1, 1, 320, dtype=torch.uint8))
     except RuntimeError:   # the build is there, AVX-512 BF16 is not
-        return "4-bit products: not here (this CPU has no AVX-512 BF16)"
-    if not native_op("q4_amx")() and os.environ.get("SPECDEC_Q4") != "dots":
-        # measured on the Xeon with AMX turned off: a 16-token verify 1.5x oneDNN's bf16 product (a 1-token step
-        # 0.95x); the kind without AMX is not measured, so it keeps oneDNN's products unless asked
-        return "4-bit products: off (no AMX here; SPECDEC_Q4=dots runs them on AVX-512 BF16 dot products)"
+        return None, "not here (this CPU has no AVX-512 BF16)"
+    if native_op("q4_amx")():
+        return "amx", ""
+    if os.environ.get("SPECDEC_Q4") == "dots":
+        return "dots", ""
+    # measured on the Xeon with AMX turned off: a 16-token verify 1.5x oneDNN's bf16 product (a 1-token step
+    # 0.95x); the kind without AMX is not measured, so it keeps oneDNN's products unless asked
+    return None, "off (no AMX here; SPECDEC_Q4=dots runs them on AVX-512 BF16 dot products)"
+
+
+def attach(fwd, path) -> str:
+    """Give fwd's layer products their 4-bit tiles from the GGUF at path, where `kernel()` runs here and every
+    weight comes back bit for bit. -> what it did, one line (also why not)."""
+    from .forward import native_op
+    if fwd.device.type != "cpu" or fwd.dtype != torch.bfloat16 or fwd._w is None:
+        return "4-bit products: not here (they need the C++ build, AVX-512 BF16 and a bf16 CPU forward)"
+    kind, why = kernel()
+    if kind is None:
+        return f"4-bit products: {why}"
+    lines = native_op("q4_lines")
     try:
         raw = read_tensors(path)
     except (OSError, ValueError, struct.error) as e:   # pragma: no cover - the bundled file always reads
@@ -187,7 +204,5 @@ def attach(fwd, path) -> str:
                 dense.q4 = tiles
                 done += 1
     fwd.refresh()
-    total = 4 * len(fwd.blocks)
-    amx = native_op("q4_amx")
-    kind = "AMX tiles" if amx is not None and amx() else "AVX-512 BF16"
-    return f"4-bit products: {done} of {total} layer products read the file's Q4_1 blocks ({kind})"
+    on = "AMX tiles" if kind == "amx" else "AVX-512 BF16"
+    return f"4-bit products: {done} of {4 * len(fwd.blocks)} layer products read the file's Q4_1 blocks ({on})"

@@ -47,18 +47,11 @@ def products() -> str:
     """The bundled target's layer products here: "q4-amx" or "q4-dots" (csrc/span.cpp's 4-bit kernel on AMX's
     tiles or on AVX-512 BF16 dot products, q4.py) or "packed" (oneDNN's bf16 product). They sum in different
     orders, so, as across kernel families, a greedy text (and an acceptance measured on it) can differ."""
+    from .. import q4
     from ..forward import native_op
-    on, amx, lines = native_op("q4_products"), native_op("q4_amx"), native_op("q4_lines")
-    if on is None or not on() or os.environ.get("SPECDEC_Q4", "1") == "0":
-        return "packed"
-    try:
-        import torch
-        lines(torch.zeros(1, 1, 320, dtype=torch.uint8))
-    except RuntimeError:          # no AVX-512 BF16
-        return "packed"
-    if amx():
-        return "q4-amx"
-    return "q4-dots" if os.environ.get("SPECDEC_Q4") == "dots" else "packed"   # q4.attach's rule
+    on = native_op("q4_products")
+    kind = q4.kernel()[0] if on is not None and on() else None
+    return f"q4-{kind}" if kind else "packed"
 
 
 def attention() -> str:

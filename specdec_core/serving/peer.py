@@ -28,7 +28,7 @@ from ..bench.invariance import first_difference
 from ..bench.sweeps import REPEATS, ratios
 from ..drafters import PLAIN, Drafter, make
 from ..engine import run
-from ..forward import loop_name
+from ..forward import reads_q4
 from ..models import LM, bundled_gguf
 from ..sampling import SamplingParams
 
@@ -157,7 +157,7 @@ def measure(target: LM, prompts: list[list[int]], k: int, max_new: int, threads:
     pr = PeerRun(k, threads, max_new, str(target.dtype).removeprefix("torch."), version(),
                  lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True),
                  {v: [] for v in variants}, [list(p) for p in prompts], {n: d.default_k for n, d in extra.items()},
-                 "4-bit products" in loop_name(target.fwd))
+                 reads_q4(target.fwd))
     for r in range(repeats):
         for v in variants:
             pr.runs[v].append([None] * len(prompts))
