@@ -161,6 +161,36 @@ def test_the_int8_kernel_is_the_product_up_to_bf16_rounding_row_by_row(ext, N, K
         assert torch.equal(torch.cat([ext.int8_product(x[i:i + 1], w, s) for i in range(m)]), y)
 
 
+def _int8_exact(x, w, s):
+    """The int8 kernels' product computed in int64: x's rows to int16 as they quantize them, the exact integer sums,
+    one rounding to fp32, the two scales, bf16."""
+    x32 = x.float()
+    mx = x32.abs().amax(1)
+    sx = torch.where(mx > 0, mx / 32767, torch.ones_like(mx))                         # fp32, as the kernel's
+    xq = torch.round(x32 * (1 / sx)[:, None]).to(torch.int64)                           # to nearest even
+    return ((xq @ w.to(torch.int64).T).float() * sx[:, None] * s.float()).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("N,K", [(64, 576), (48, 1536), (32, 8256)])
+def test_both_int8_kernels_give_the_exact_integer_sum_rounded_once(ext, N, K):
+    """AVX-512 VNNI's kernel and AMX's tile one (2+ rows, where the CPU has it) both sum exactly and round once:
+    the same bits as an int64 reference, so a row's output does not depend on which kernel its batch took."""
+    w, s = _int8_weight(N, K, K + 1)
+    g = torch.Generator().manual_seed(K)
+    was = ext.int8_amx()
+    try:
+        for m in (1, 2, 3, 5, 17):
+            x = torch.randn(m, K, generator=g)
+            x[:, 3] *= 80
+            x = x.to(torch.bfloat16)
+            ref = _int8_exact(x, w, s)
+            for tiles in (True, False):
+                ext.int8_amx(tiles)
+                assert torch.equal(ext.int8_product(x, w, s), ref), (m, tiles)
+    finally:
+        ext.int8_amx(was)
+
+
 def test_the_int8_kernel_does_not_overflow_and_falls_back_where_it_does_not_fit(ext):
     K = 8192                                            # a lane's most: 512 products of 32767 * 127 in int32
     w = torch.full((4, K), 127, dtype=torch.int8)

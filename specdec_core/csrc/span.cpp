@@ -273,9 +273,11 @@ static Tensor rope_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, c
 // computes it but with the activations in int16: each row of x scaled by its largest |x| to 32767 and rounded (16
 // bits of precision against bf16's 8, so the sum moves by about what the bf16 rounding of y does), and the sum of
 // the int16 x int8 products kept exactly in int32 lanes (AVX-512 VNNI's vpdpwssd, two products a lane and an
-// instruction, one sign-extension per 32 weights shared by up to four rows). At 1-4 rows ATen's loop converts every
-// weight to fp32 and is bound by its instructions, not by the bytes it reads; this one ran 2.3-2.5x faster.
-// Each row is summed alone, in the same order whatever the rows beside it, so a draft stays batch-invariant.
+// instruction, one sign-extension per 32 weights shared by up to four rows), the lanes then added in int64: the whole
+// sum is exact and is rounded once (i8_out). At 1-4 rows ATen's loop converts every weight to fp32 and is bound by
+// its instructions, not by the bytes it reads; this one ran 2.3-2.5x faster. With 2+ rows on a CPU with AMX the tile
+// kernel below (i8_on_tiles) computes the same exact sums. A row's bits are a function of that row alone, so a
+// draft stays batch-invariant.
 // Where the CPU lacks AVX-512 VNNI, K is not a multiple of 32, or the draft's loops are off (`draft_loops`, for the
 // bitwise tests against the TorchScript loops), ATen's product runs.
 static bool own_loops = true;
@@ -310,15 +312,18 @@ I8_TARGET static inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// an output from its exact integer sum: one rounding to fp32, then the two scales, then bf16 (both kernels)
+static inline at::BFloat16 i8_out(int64_t sum, float sx, at::BFloat16 s) {
+  return at::BFloat16(static_cast<float>(sum) * sx * static_cast<float>(s));
+}
+
 // MR rows of xq [., K] int16 (scales sx) against weight rows n .. n + 3 of w [N, K] -> y[., n .. n + 3]. A lane adds
 // K / 16 products of at most 32767 * 128 in int32: exact up to K = 8192 (2^31 / 2^22 = 512 a lane); longer rows
-// go in chunks of 8192, each chunk's lanes converted to fp32 and added.
+// go in chunks of 8192, each chunk's lanes added in int64: the whole sum exact.
 template <int MR>
 I8_TARGET static void i8_tile(const int16_t* xq, const float* sx, int64_t K, const int8_t* w, const at::BFloat16* s,
                               at::BFloat16* y, int64_t N, int64_t n) {
-  __m512 acc[MR][4];
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  int64_t acc[MR][4] = {};
   const int8_t* w0 = w + n * K;
   for (int64_t k0 = 0; k0 < K; k0 += 8192) {
     const int64_t k1 = std::min<int64_t>(K, k0 + 8192);
@@ -334,16 +339,14 @@ I8_TARGET static void i8_tile(const int16_t* xq, const float* sx, int64_t K, con
         for (int j = 0; j < 4; ++j) ai[r][j] = _mm512_dpwssd_epi32(ai[r][j], xv, wv[j]);
       }
     }
-    for (int r = 0; r < MR; ++r)
-      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_add_ps(acc[r][j], _mm512_cvtepi32_ps(ai[r][j]));
+    for (int r = 0; r < MR; ++r)   // the lanes' sum in int64: exact, as the tile kernel's
+      for (int j = 0; j < 4; ++j)
+        acc[r][j] += _mm512_reduce_add_epi64(_mm512_add_epi64(
+            _mm512_cvtepi32_epi64(_mm512_castsi512_si256(ai[r][j])),
+            _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(ai[r][j], 1))));
   }
-  float sc[4];
-  for (int j = 0; j < 4; ++j) sc[j] = static_cast<float>(s[n + j]);
-  for (int r = 0; r < MR; ++r) {
-    float out[4];
-    _mm_storeu_ps(out, sum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
-    for (int j = 0; j < 4; ++j) y[r * N + n + j] = at::BFloat16(out[j] * sx[r] * sc[j]);
-  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) y[r * N + n + j] = i8_out(acc[r][j], sx[r], s[n + j]);
 }
 
 // x [K] bf16 -> xq [K] int16 (round to nearest even) and its scale: the largest |x| becomes 32767
@@ -367,30 +370,6 @@ I8_TARGET static void i8_rows(const int16_t* xq, const float* sx, int64_t m, int
     case 2: i8_tile<2>(xq + i * K, sx + i, K, w, s, y + i * N, N, n); break;
     case 1: i8_tile<1>(xq + i * K, sx + i, K, w, s, y + i * N, N, n); break;
   }
-}
-
-static Tensor i8_product(const Tensor& x, const Tensor& w, const Tensor& s) {
-  const int64_t m = x.size(0), K = x.size(1), N = w.size(0);
-  std::vector<int16_t> xq(m * K);
-  std::vector<float> sx(m);
-  const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
-  for (int64_t i = 0; i < m; ++i) sx[i] = i8_quantize(xp + i * K, K, xq.data() + i * K);
-  auto y = at::empty({m, N}, x.options());
-  const int8_t* wp = w.data_ptr<int8_t>();
-  const at::BFloat16* sp = s.data_ptr<at::BFloat16>();
-  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, N / 4, 16, [&](int64_t b0, int64_t b1) {   // blocks of 4 weight rows
-    for (int64_t b = b0; b < b1; ++b) i8_rows(xq.data(), sx.data(), m, K, wp, sp, yp, N, 4 * b);
-  });
-  return y;
-}
-
-static Tensor int8_product(const Tensor& x, const Tensor& w, const Tensor& s) {
-  const bool fits = own_loops && i8_kernel_ok() && x.is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 &&
-                    x.is_contiguous() && w.scalar_type() == at::kChar && w.is_contiguous() &&
-                    s.scalar_type() == at::kBFloat16 && s.is_contiguous() && x.size(1) % 32 == 0 &&
-                    w.size(0) % 4 == 0;
-  return fits ? i8_product(x, w, s) : at::_weight_int8pack_mm(x, w, s);
 }
 
 // the draft's own loops (the int8 product above, EAGLE's attention and top-k below) on, or off: ATen's ops, op for op
@@ -569,6 +548,137 @@ static bool q4_products(std::optional<bool> on) {
 static bool q4_amx(std::optional<bool> tiles) {
   if (tiles.has_value()) q4_tiles = *tiles;
   return q4_tiles && amx_granted();
+}
+
+// The same product on AMX's int8 tiles, for 3 or more rows: the weight rows are the A tiles as they lie (16 rows x 64
+// k, the row stride K), x's int16 rows split exactly into a signed high byte and an unsigned low one (xq = 256 hi +
+// lo) the B tiles (16 lines of 4 k x the rows). tdpbssd sums w hi, tdpbsud w lo, each exactly in int32 (|w| <= 127, K
+// <= 32768), and their int64 combination is the VNNI kernel's exact sum: the same bits whatever kernel a row takes.
+// At a few rows the VNNI kernel is bound by its multiplies (16 per 4 weight rows x 32 k at 4 rows); a tile product
+// multiplies 32 weight rows x 64 k by up to 16 rows in two instructions, so the weights' bytes bound it.
+#define I8_AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-int8")))
+
+#ifndef I8_AMX_ROWS
+#define I8_AMX_ROWS 2
+#endif
+static bool i8_tiles = true;   // AMX's int8 tiles where granted (off: the VNNI kernel at every row count; the same bits)
+
+static bool i8_amx_granted() {
+  static const bool ok = __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512dq") && amx_granted();
+  return ok;
+}
+
+// -> whether a draft's int8 products of 3 or more rows run on AMX's tiles; tiles: set that first (false: the VNNI
+// kernel at every row count, to compare the two)
+static bool int8_amx(std::optional<bool> tiles) {
+  if (tiles.has_value()) i8_tiles = *tiles;
+  return i8_tiles && i8_amx_granted();
+}
+
+// xq [M, K] int16 (M <= 16) -> its B tiles: per 64 k, the high bytes' tile then the low bytes' ([16 lines, 4 M] each;
+// line kk holds row r's k = 4 kk .. 4 kk + 3 at 4 r)
+I8_AMX_TARGET static void i8_b_tiles(const int16_t* xq, int64_t M, int64_t K, int8_t* b) {
+  const int64_t L = 4 * M;
+  const __m512i lines = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(static_cast<int>(L)));
+  for (int64_t c = 0; c < K / 64; ++c) {
+    int8_t* hi = b + c * 32 * L;
+    for (int64_t r = 0; r < M; ++r) {
+      const __m512i v0 = _mm512_loadu_si512((const void*)(xq + r * K + c * 64));
+      const __m512i v1 = _mm512_loadu_si512((const void*)(xq + r * K + c * 64 + 32));
+      const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srai_epi16(v0, 8))),
+                                           _mm512_cvtepi16_epi8(_mm512_srai_epi16(v1, 8)), 1);
+      const __m512i l = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(v0)),   // the low bytes
+                                           _mm512_cvtepi16_epi8(v1), 1);
+      _mm512_i32scatter_epi32(hi + r * 4, lines, h, 1);        // 16 lines of 4 bytes
+      _mm512_i32scatter_epi32(hi + 16 * L + r * 4, lines, l, 1);
+    }
+  }
+}
+
+// weight rows n0 .. n1 - 1 (multiples of 16) against M <= 16 rows whose B tiles are bt -> y[., n0 .. n1 - 1]
+I8_AMX_TARGET static void i8_on_tiles(const int8_t* bt, const float* sx, int64_t M, int64_t K, const int8_t* w,
+                                      const at::BFloat16* s, at::BFloat16* y, int64_t N, int64_t n0, int64_t n1) {
+  TileConfig t{};   // 0, 1: weight rows (16 x 64 k); 2, 3: x's high and low bytes; 4-7: the sums [16, M] int32
+  t.palette = 1;
+  for (int i = 0; i < 2; ++i) t.rows[i] = 16, t.colsb[i] = 64;
+  for (int i = 2; i < 4; ++i) t.rows[i] = 16, t.colsb[i] = 4 * M;
+  for (int i = 4; i < 8; ++i) t.rows[i] = 16, t.colsb[i] = 4 * M;
+  _tile_loadconfig(&t);
+  const int64_t L = 4 * M;
+  alignas(64) int32_t c[4][16 * 16];
+  for (int64_t n = n0; n < n1; n += 32) {
+    const bool two = n + 32 <= n1;
+    _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+    for (int64_t k = 0; k < K; k += 64) {
+      const int8_t* b = bt + (k / 64) * 32 * L;
+      _tile_loadd(2, b, L);
+      _tile_loadd(3, b + 16 * L, L);
+      _tile_loadd(0, w + n * K + k, K);
+      _tile_dpbssd(4, 0, 2);
+      _tile_dpbsud(5, 0, 3);
+      if (two) {
+        _tile_loadd(1, w + (n + 16) * K + k, K);
+        _tile_dpbssd(6, 1, 2);
+        _tile_dpbsud(7, 1, 3);
+      }
+    }
+    _tile_stored(4, c[0], L); _tile_stored(5, c[1], L);
+    if (two) { _tile_stored(6, c[2], L); _tile_stored(7, c[3], L); }
+    const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(static_cast<int>(M)));
+    for (int h = 0; h < (two ? 2 : 1); ++h) {
+      const __m512 sc = v16_load(s + n + 16 * h);
+      for (int64_t r = 0; r < M; ++r) {   // row r's 16 sums: 256 hi + lo in int64, to fp32 (one rounding), scaled
+        const __m512i hi = _mm512_i32gather_epi32(_mm512_add_epi32(col, _mm512_set1_epi32(r)), c[2 * h], 4);
+        const __m512i lo = _mm512_i32gather_epi32(_mm512_add_epi32(col, _mm512_set1_epi32(r)), c[2 * h + 1], 4);
+        const __m256 a = _mm512_cvtepi64_ps(_mm512_add_epi64(
+            _mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(hi)), 8),
+            _mm512_cvtepi32_epi64(_mm512_castsi512_si256(lo))));
+        const __m256 b = _mm512_cvtepi64_ps(_mm512_add_epi64(
+            _mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(hi, 1)), 8),
+            _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(lo, 1))));
+        const __m512 f = _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+        v16_store(y + r * N + n + 16 * h, _mm512_mul_ps(_mm512_mul_ps(f, _mm512_set1_ps(sx[r])), sc));
+      }
+    }
+  }
+  _tile_release();
+}
+
+static Tensor i8_product(const Tensor& x, const Tensor& w, const Tensor& s) {
+  const int64_t m = x.size(0), K = x.size(1), N = w.size(0);
+  std::vector<int16_t> xq(m * K);
+  std::vector<float> sx(m);
+  const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
+  for (int64_t i = 0; i < m; ++i) sx[i] = i8_quantize(xp + i * K, K, xq.data() + i * K);
+  auto y = at::empty({m, N}, x.options());
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const at::BFloat16* sp = s.data_ptr<at::BFloat16>();
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  if (m >= I8_AMX_ROWS && K % 64 == 0 && K <= 32768 && N % 16 == 0 && i8_tiles && i8_amx_granted()) {
+    std::vector<int8_t> bt(m * 2 * K);   // each 16 rows' B tiles
+    for (int64_t r0 = 0; r0 < m; r0 += 16) i8_b_tiles(xq.data() + r0 * K, std::min<int64_t>(16, m - r0), K, bt.data() + r0 * 2 * K);
+    at::parallel_for(0, N / 16, 2, [&](int64_t b0, int64_t b1) {   // blocks of 16 weight rows
+      for (int64_t r0 = 0; r0 < m; r0 += 16)
+        i8_on_tiles(bt.data() + r0 * 2 * K, sx.data() + r0, std::min<int64_t>(16, m - r0), K, wp, sp, yp + r0 * N,
+                    N, 16 * b0, 16 * b1);
+    });
+    return y;
+  }
+  at::parallel_for(0, N / 4, 16, [&](int64_t b0, int64_t b1) {   // blocks of 4 weight rows
+    for (int64_t b = b0; b < b1; ++b) i8_rows(xq.data(), sx.data(), m, K, wp, sp, yp, N, 4 * b);
+  });
+  return y;
+}
+
+static Tensor int8_product(const Tensor& x, const Tensor& w, const Tensor& s) {
+  const bool fits = own_loops && i8_kernel_ok() && x.is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 &&
+                    x.is_contiguous() && w.scalar_type() == at::kChar && w.is_contiguous() &&
+                    s.scalar_type() == at::kBFloat16 && s.is_contiguous() && x.size(1) % 32 == 0 &&
+                    w.size(0) % 4 == 0;
+  return fits ? i8_product(x, w, s) : at::_weight_int8pack_mm(x, w, s);
 }
 
 static Tensor weight_product(const Tensor& x, const Tensor& w, const OptT& s, bool packed = true) {
@@ -781,6 +891,36 @@ static bool own_attention_fits(const Tensor& q, const Tensor& kr, int64_t D) {
          kr.stride(-2) == D;
 }
 
+// a query head's nv scores s (bias[c] added where given) -> e^(s - max) in place; -> 1 / their sum in 16 lanes
+I8_TARGET static inline __m512 softmax_in(float* s, int64_t nv, const float* bias) {
+  const __m512 z = _mm512_setzero_ps();
+  __m512 top = _mm512_set1_ps(-INFINITY);   // the max is the max in any order (a zero's sign changes no e^(s - max))
+  int64_t c;
+  for (c = 0; c < nv; c += 16) {
+    const __mmask16 mk = nv - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nv - c)) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(mk, s + c);
+    if (bias != nullptr) {
+      v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + c));
+      _mm512_mask_storeu_ps(s + c, mk, v);
+    }
+    top = _mm512_mask_max_ps(top, mk, top, v);
+  }
+  const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 sum = z;
+  for (c = 0; c + 16 <= nv; c += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c), mxv));
+    _mm512_storeu_ps(s + c, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (c < nv) {
+    const __mmask16 mk = (__mmask16)((1u << (nv - c)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + c), mxv)));
+    _mm512_mask_storeu_ps(s + c, mk, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+}
+
 // NG query heads q[g] [D] of one key/value head against the visible slots vis[0 .. nv) (position order) of keys and
 // values kc, vc (rows D apart) -> out[g] [D] in T; bias[c] added to the c-th visible score where given; cs: scratch
 // of NG (nv + 16) floats. Each head's numbers go through the same operations in the same order whatever NG is (a
@@ -811,33 +951,7 @@ I8_TARGET static void attend_heads(const float* const* q, const float* kc, const
       cs[g * W + c] = t[0];
     }
   __m512 iv[NG];
-  for (int g = 0; g < NG; ++g) {
-    float* s = cs + g * W;
-    __m512 top = _mm512_set1_ps(-INFINITY);   // the max is the max in any order (a zero's sign changes no e^(s - max))
-    for (c = 0; c < nv; c += 16) {
-      const __mmask16 mk = nv - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nv - c)) - 1);
-      __m512 v = _mm512_maskz_loadu_ps(mk, s + c);
-      if (bias != nullptr) {
-        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + c));
-        _mm512_mask_storeu_ps(s + c, mk, v);
-      }
-      top = _mm512_mask_max_ps(top, mk, top, v);
-    }
-    const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-    __m512 sum = z;
-    for (c = 0; c + 16 <= nv; c += 16) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c), mxv));
-      _mm512_storeu_ps(s + c, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    if (c < nv) {
-      const __mmask16 mk = (__mmask16)((1u << (nv - c)) - 1);
-      const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + c), mxv)));
-      _mm512_mask_storeu_ps(s + c, mk, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    iv[g] = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
-  }
+  for (int g = 0; g < NG; ++g) iv[g] = softmax_in(cs + g * W, nv, bias);
   __m512 acc[NG][8];
   for (int g = 0; g < NG; ++g)
     for (int64_t j = 0; j < C; ++j) acc[g][j] = z;
@@ -854,6 +968,7 @@ I8_TARGET static void attend_heads(const float* const* q, const float* kc, const
     for (int64_t d = 0; d < D; ++d) out[g][d] = static_cast<T>(o[d]);
   }
 }
+
 
 // attend_heads for ng (1 .. 4) heads, its loops unrolled where D is 64 (SmolLM2's and most small models' head size)
 template <typename T>
@@ -1311,6 +1426,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_lines", &q4_lines, "a 4-bit tile array's lines as the kernel unpacks them, [G, B, 16, 32] bf16");
   m.def("q4_products", &q4_products, "the target's 4-bit products on, or off (its packed bf16 ones); -> were they on",
         py::arg("on") = py::none());
+  m.def("int8_amx", &int8_amx, "whether a draft's int8 products of 3+ rows run on AMX's tiles (tiles: set that first)",
+        py::arg("tiles") = py::none());
   m.def("q4_amx", &q4_amx, "whether the 4-bit products run on AMX's tiles (else AVX-512 BF16 dot products)",
         py::arg("tiles") = py::none());
   m.def("draft_loops", &draft_loops, "the draft's own loops on, or off (ATen's ops, op for op); -> were they on");
