@@ -387,6 +387,8 @@ def test_a_sized_tree_stops_drafting_when_no_deeper_level_can_pay(one_thread):
         n = [0]
 
         class Counted:                                            # the packed head, its calls counted
+            levels = None                                         # (each level through Python's loop, counted)
+
             def __getattr__(self, a, _f=d.fast):
                 return getattr(_f, a)
 
@@ -400,6 +402,52 @@ def test_a_sized_tree_stops_drafting_when_no_deeper_level_can_pay(one_thread):
         calls[rate] = (max(per), max(r.tree.depth for r in recs if r.tree is not None))
     # the head's calls per proposal: the root's, then one per level but the last (4 deep: 3); stopped: level 1's
     assert calls[None][0] == 4 and calls[1e6] == (2, 2)
+    for rate in (None, 1e6):                                      # the C++ levels, where built: the same rule
+        d = Eagle(tgt, _random_head(tgt, 2), manifest={}, depth=4, topk=3, nodes=15, sized=True)
+        d.costs, d.draft_ms = [10.0, 11.0, 30.0, 40.0], 1.0
+        d._measure = lambda n, d=d, rate=rate: setattr(d, "rate", rate)
+        got, recs, _ = engine.run(tgt, d, [1, 2, 3], k=4, max_new_tokens=16, detail=True, stop_at_eos=False)
+        assert got[:len(base)] == base
+        assert max(r.tree.depth for r in recs if r.tree is not None) == calls[rate][1]
+
+
+def test_the_native_levels_grow_the_python_loops_trees(bundled, one_thread):
+    """PackedHead.levels (csrc/span.cpp's eagle_levels, where built) against Eagle._grow's Python loop from the same
+    state: the same parents, tokens and float64 scores, and the same scratch rows, on every step of a few prompts
+    (the level's ms pinned, so a sized tree's stopping rule sees the same numbers)."""
+    from specdec_core.native import op
+    if op("eagle_levels") is None:
+        pytest.skip("the C++ loop is not built here")
+    d = make("eagle", bundled)
+    d.draft_ms, d.rate = 3.0, 0.3
+    d._measure = lambda n: None                                   # a fixed rate: some trees stop early
+    grow, fast, seen = d._grow, d.fast, []
+
+    class Python:                                                 # the packed head without its native levels
+        levels = None
+
+        def __getattr__(self, a):
+            return getattr(fast, a)
+
+        def __call__(self, *a, **k):
+            return fast(*a, **k)
+
+    def both(f, lp, ix, n, depth):
+        n0 = d.kv.n
+        a = grow(f, lp, ix, n, depth)
+        rows = d.kv.n, d.kv.k[:, n0:d.kv.n].clone()
+        d.kv.n, d.fast = n0, Python()
+        try:
+            b = grow(f, lp, ix, n, depth)
+        finally:
+            d.fast = fast
+        assert a == b and rows[0] == d.kv.n and torch.equal(rows[1], d.kv.k[:, n0:d.kv.n])
+        seen.append(len(a[0]))
+        return a
+    d._grow = both
+    for text in ("def mean(xs):\n    return", "{\"name\": \"Ada\", \"born\":", "The capital of France is"):
+        engine.run(bundled, d, bundled.encode(text), max_new_tokens=24, detail=False)
+    assert len(seen) > 10 and len(set(seen)) > 1                  # many steps, trees of more than one size
 
 
 def test_int8_head_products_round_within_half_a_step_per_weight():
