@@ -1382,6 +1382,56 @@ static std::pair<Tensor, Tensor> draft_top(const Tensor& y, int64_t k_top) {
   return {lp, ix};
 }
 
+// eagle_rows' conversions and gathers as loops where they fit (the same values as ATen's ops, without their
+// dispatch and iterators, which cost more than a draft's few rows): x [m, H] fp32 -> bf16 (c10's rounding)
+static bool bf16_loop_fits(const Tensor& x) {
+  return i8_kernel_ok() && x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat &&
+         x.size(1) % 16 == 0;
+}
+
+V16_TARGET static void to_bf16_rows(const float* x, int64_t n, at::BFloat16* o) {
+  for (int64_t i = 0; i < n; i += 16) v16_store(o + i, _mm512_loadu_ps(x + i));
+}
+
+static Tensor to_dtype(const Tensor& x, at::ScalarType dt) {
+  if (dt != at::kBFloat16 || !bf16_loop_fits(x)) return x.to(dt);
+  auto o = at::empty(x.sizes(), x.options().dtype(dt));
+  to_bf16_rows(x.data_ptr<float>(), x.numel(), o.data_ptr<at::BFloat16>());
+  return o;
+}
+
+// [f.to(dt), e] along the last dim (fc's input)
+static Tensor fc_input(const Tensor& f, const Tensor& e, at::ScalarType dt) {
+  if (dt != at::kBFloat16 || !bf16_loop_fits(f) || !e.is_contiguous() || e.scalar_type() != dt ||
+      !e.device().is_cpu() || e.sizes() != f.sizes())
+    return at::cat({f.to(dt), e}, -1);
+  const int64_t m = f.size(0), H = f.size(1);
+  auto o = at::empty({m, 2 * H}, e.options());
+  at::BFloat16* op = o.data_ptr<at::BFloat16>();
+  for (int64_t i = 0; i < m; ++i) {
+    to_bf16_rows(f.data_ptr<float>() + i * H, H, op + i * 2 * H);
+    std::memcpy(op + i * 2 * H + H, e.data_ptr<at::BFloat16>() + i * H, H * sizeof(at::BFloat16));
+  }
+  return o;
+}
+
+// ids[ix]: a draft row's target id
+static Tensor target_ids(const Tensor& ids, const Tensor& ix) {
+  if (!(ids.device().is_cpu() && ix.device().is_cpu() && ids.scalar_type() == at::kLong && ids.dim() == 1 &&
+        ids.is_contiguous() && ix.scalar_type() == at::kLong && ix.is_contiguous()))
+    return ids.index({ix});
+  auto o = at::empty_like(ix);
+  const int64_t* ip = ix.data_ptr<int64_t>();
+  const int64_t* dp = ids.data_ptr<int64_t>();
+  int64_t* out = o.data_ptr<int64_t>();
+  const int64_t V = ids.size(0);
+  for (int64_t i = 0; i < ix.numel(); ++i) {
+    TORCH_CHECK(ip[i] >= 0 && ip[i] < V, "target_ids: a draft row out of range");
+    out[i] = dp[ip[i]];
+  }
+  return o;
+}
+
 std::tuple<Tensor, Tensor, Tensor> eagle_rows(
     const Tensor& f, const Tensor& e, const Tensor& cos, const Tensor& sin, const Tensor& bias, const Tensor& k,
     const Tensor& v, int64_t R0, const Tensors& w, const OptTensors& s, const OptTensors& b,
@@ -1390,7 +1440,7 @@ std::tuple<Tensor, Tensor, Tensor> eagle_rows(
   c10::InferenceMode guard;
   const int64_t m = f.size(0), G = Hq / Hkv, R = R0 + m;
   const auto dt = e.scalar_type();
-  auto x = fc_b + product_of(at::cat({f.to(dt), e}, -1), w[0], s[0], b[0], packed[0]);   // [m, H] fp32 residual
+  auto x = fc_b + product_of(fc_input(f, e, dt), w[0], s[0], b[0], packed[0]);          // [m, H] fp32 residual
   auto qkv = product_of(rms_f32(x, ln1, eps, dt), w[1], s[1], b[1], packed[1]);          // [m, (Hq + 2 Hkv) D]
   auto qk = head_rope(qkv, cos, sin, k, v, R0, Hq, Hkv, D);                              // fp32, roped, q scaled
   const int64_t n0 = last > 0 ? m - last : 0, n = m - n0;
@@ -1406,10 +1456,10 @@ std::tuple<Tensor, Tensor, Tensor> eagle_rows(
   auto gu = product_of(rms_f32(x, ln2, eps, dt), w[3], s[3], b[3], packed[3]);          // [n, 2 I]
   x.add_(product_of(swiglu(gu), w[4], s[4], b[4], packed[4]));
   auto h = rms_f32(x, norm, eps, at::kFloat);                                            // [n, H] fp32
-  auto y = product_of(h.to(dt), w[5], s[5], b[5], packed[5]);                            // [n, v] logits
+  auto y = product_of(to_dtype(h, dt), w[5], s[5], b[5], packed[5]);                     // [n, v] logits
   if (k_top == 0) return {h, y, y};
   auto [lp, ix] = draft_top(y, k_top);
-  return {h, lp, ids.has_value() ? ids->index({ix}) : ix};
+  return {h, lp, ids.has_value() ? target_ids(*ids, ix) : ix};
 }
 
 
