@@ -79,8 +79,14 @@ class Tree:
         return out
 
 
-def compile_tree(paths) -> Tree:
-    """List of rank paths -> Tree. Raises TreeError for a malformed declaration."""
+def compile_tree(paths, ordered: bool = False) -> Tree:
+    """List of rank paths -> Tree. Raises TreeError for a malformed declaration. ordered=True: paths a drafter
+    built, already distinct tuples of ranks, prefix-closed and sorted by (length, path), so none of the checks
+    (a proposal's tree is compiled anew on most steps, and they were half of that)."""
+    if ordered:
+        if len(paths) + 1 > MAX_NODES:
+            raise TreeError(f"a tree may have at most {MAX_NODES - 1} paths, got {len(paths)}")
+        return _compiled(tuple(paths))
     seen: set[tuple[int, ...]] = set()
     clean = []
     for p in paths:
@@ -98,7 +104,11 @@ def compile_tree(paths) -> Tree:
             raise TreeError(f"path {p} has no parent: {p[:-1]} must be declared too")
     if len(clean) + 1 > MAX_NODES:
         raise TreeError(f"a tree may have at most {MAX_NODES - 1} paths, got {len(clean)}")
-    order = sorted(clean, key=lambda p: (len(p), p))
+    return _compiled(tuple(sorted(clean, key=lambda p: (len(p), p))))
+
+
+def _compiled(order: tuple) -> Tree:
+    """compile_tree's Tree from distinct, prefix-closed rank paths sorted by (length, path)."""
     index = {(): 0} | {p: i + 1 for i, p in enumerate(order)}
     T = len(order) + 1
     par = [-1] + [index[p[:-1]] for p in order]
@@ -114,7 +124,7 @@ def compile_tree(paths) -> Tree:
         see[i * T + i] = 1
         kids[p].append(i)                 # ascending index = ascending rank among siblings
     meta = torch.tensor([[0] + [len(p) for p in order], par, [-1] + [p[-1] for p in order]], dtype=torch.long)
-    return Tree(tuple(order), meta[0], meta[1], meta[2], torch.frombuffer(see, dtype=torch.bool).view(T, T),
+    return Tree(order, meta[0], meta[1], meta[2], torch.frombuffer(see, dtype=torch.bool).view(T, T),
                 tuple(tuple(c) for c in kids))
 
 

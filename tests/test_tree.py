@@ -55,6 +55,27 @@ def test_compile_rejects_bad_trees(paths, msg):
         compile_tree(paths)
 
 
+def test_an_ordered_tree_compiles_as_a_declared_one():
+    """compile_tree(..., ordered=True), a drafter's sorted prefix-closed paths without the checks, gives the Tree the
+    checked path gives: the same paths, depths, parents, ranks, mask and children, on random trees."""
+    import random
+    rng = random.Random(0)
+    for _ in range(200):
+        paths = set()
+        for _ in range(rng.randint(1, 20)):
+            p = ()
+            for _ in range(rng.randint(1, 5)):
+                p += (rng.randrange(3),)
+                paths.add(p)
+        declared = list(paths)
+        rng.shuffle(declared)
+        a = compile_tree(declared)
+        b = compile_tree(sorted(paths, key=lambda p: (len(p), p)), ordered=True)
+        assert a.paths == b.paths and a.children == b.children
+        for x, y in ((a.mask, b.mask), (a.depth, b.depth), (a.parent, b.parent), (a.rank, b.rank)):
+            assert torch.equal(x, y)
+
+
 def test_tokens_needs_enough_candidates():
     with pytest.raises(TreeError, match="needs 3 positions x 2 candidates"):
         compile_tree(SMALL).tokens(0, torch.zeros(2, 2, dtype=torch.long))

@@ -348,7 +348,7 @@ class Eagle(Drafter):
         if tree is None:                      # a step's tree shape recurs often: compile each shape once
             if len(self._trees) >= 4096:
                 self._trees.clear()
-            tree = self._trees[key] = compile_tree(key)
+            tree = self._trees[key] = compile_tree(key, ordered=True)   # sorted and prefix-closed here
         return Proposal(torch.tensor([nodes[p] for p in tree.paths], dtype=torch.long), tree=tree,
                         conf=[conf.get(p) for p in tree.paths],
                         info={"nodes": len(nodes), "depth": tree.max_depth, "copied": copied,
