@@ -11,11 +11,13 @@ the output back in row order, converted once) are plain loops that compute the s
 they can). Measured on a 2-core
 Xeon: a one-token step 2.7 ms shorter (of ~23.9) with the first loops, ~0.45 ms more with the row moves and SwiGLU.
 The EAGLE head's layer (drafters/eagle_packed._rows), run once per
-tree level, is ported the same way.
+tree level, is ported the same way, and so is the loop over a proposal's levels (`eagle_levels`: drafters/eagle.py's
+_grow, the same trees).
 
 Drafts also get loops of their own, which round differently from ATen's ops (a draft may: verification is exact
-whatever it proposes): an int8-weight product with int16 activations on AVX-512 VNNI (`int8_product`; every int8
-draft product, in either loop or through drafters/packed.mm), EAGLE's level attention and a one-pass top-k of
+whatever it proposes): an int8-weight product with int16 activations on AVX-512 VNNI, or on AMX's int8 tiles at 2+
+rows (`int8_product`, exact integer sums either way, so the same bits; every int8 draft product, in either loop or
+through drafters/packed.mm; `int8_amx(False)` keeps VNNI's), EAGLE's level attention and a one-pass top-k of
 log-probs (`draft_top`). `draft_loops(False)` turns them off, so the bitwise tests compare ATen's ops op for op.
 The target's attention, too, runs as one loop per query (`own_attention`; docs/forward.md says why a query gets the
 same bits however it is batched, and forward.Forward._attend calls it for batches), which rounds differently from
@@ -67,7 +69,8 @@ def why() -> str:
 
 def op(name: str):
     """One of csrc/span.cpp's functions, or None (off, or not buildable here): `span_layers` (forward._span_layers'
-    signature and bits) or `eagle_rows` (drafters/eagle_packed._rows')."""
+    signature and bits), `eagle_rows` (drafters/eagle_packed._rows'), `eagle_levels` (drafters/eagle.Eagle._grow's),
+    and the kernels' entries and switches."""
     if not enabled():
         return None
     m = module()
