@@ -106,14 +106,15 @@ def test_a_file_that_is_not_gguf_is_said_plainly(tmp_path, bundled):
 
 def test_on_amx_the_tiles_sum_as_onednns_packed_product_does(ext):
     """On AMX both kernels add each output's k pairs in order on the tiles: the 4-bit product is oneDNN's bf16
-    product bit for bit (reproduce.same_kernels counts them as one family; this holds it)."""
+    product bit for bit (reproduce.same_kernels counts them as one family; this holds it), with its row groups two
+    at a time or alone, and rows past one tile's 16."""
     if not ext.q4_amx():
         pytest.skip("no AMX here")
-    for N, K in [(960, 576), (576, 1536), (3072, 576)]:
+    for N, K in [(960, 576), (576, 1536), (3072, 576), (48, 576), (80, 1536)]:   # odd row-group counts: one alone
         q, d, m = blocks(N, K, seed=N)
         t, w = q4.pack(q, d, m), q4.dequantize(q, d, m)
         packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
-        for rows in (1, 4, 16):
+        for rows in (1, 4, 16, 20):
             x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).bfloat16()
             ours = ext.dense(x, packed, t, None, 32, 4)
             was = ext.q4_products(False)

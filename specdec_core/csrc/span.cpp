@@ -433,39 +433,58 @@ struct TileConfig {
   uint8_t rows[16];
 };
 
-// weight row groups g0 .. g1 - 1 of q4 against x [M, K] -> y [M, N] (row stride N)
+// weight row groups g0 .. g1 - 1 of q4 against x [M, K] -> y [M, N] (row stride N). Two groups at a time where there
+// are two: each group's sums stay one chain of tile products in k's order (the bits of one group alone), and the two
+// chains are independent, so one product need not wait for the last to finish; x's tile is loaded once for both.
 AMX_TARGET static void q4_on_tiles(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* q, at::BFloat16* y,
                               int64_t N, int64_t g0, int64_t g1) {
   const int64_t B = K / 32;
-  std::vector<uint16_t> w(B * 512);
+  const bool one = M <= 16;   // up to 16 rows: each tile's lines go to the tile product while in L1; more: all first
+  std::vector<uint16_t> w(2 * (one ? 2 : B) * 512);   // per group of the pair: its unpacked tiles
   alignas(64) float c[16 * 16];
   int64_t shape = -1;
-  const bool one = M <= 16;   // up to 16 rows: each tile's lines go to the tile product while in L1; more: all first
-  for (int64_t g = g0; g < g1; ++g) {
+  for (int64_t g = g0; g < g1;) {
+    const int64_t ng = std::min<int64_t>(2, g1 - g);
+    uint16_t* wg[2] = {w.data(), w.data() + (one ? 2 : B) * 512};
     if (!one)
-      for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + b * 512);
+      for (int64_t h = 0; h < ng; ++h)
+        for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + ((g + h) * B + b) * 320, wg[h] + b * 512);
     for (int64_t r0 = 0; r0 < M; r0 += 16) {
       const int64_t R = std::min<int64_t>(16, M - r0);
-      if (R != shape) {   // tiles: 0 the sums [R, 16] fp32, 1 x [R, 32] bf16, 2 w [16 pairs, 16 x 2] bf16
+      if (R != shape) {   // tiles: 0, 3 the sums [R, 16] fp32; 1 x [R, 32] bf16; 2, 4 w [16 pairs, 16 x 2] bf16
         TileConfig t{};
         t.palette = 1;
-        t.rows[0] = t.rows[1] = R;
-        t.rows[2] = 16;
-        t.colsb[0] = t.colsb[1] = t.colsb[2] = 64;
+        t.rows[0] = t.rows[1] = t.rows[3] = R;
+        t.rows[2] = t.rows[4] = 16;
+        t.colsb[0] = t.colsb[1] = t.colsb[2] = t.colsb[3] = t.colsb[4] = 64;
         _tile_loadconfig(&t);
         shape = R;
       }
       _tile_zero(0);
+      _tile_zero(3);
       for (int64_t b = 0; b < B; ++b) {
-        uint16_t* wb = one ? w.data() + (b & 1) * 512 : w.data() + b * 512;
-        if (one) q4_unpack_tile(q + (g * B + b) * 320, wb);
+        uint16_t* w0 = one ? wg[0] + (b & 1) * 512 : wg[0] + b * 512;
+        uint16_t* w1 = one ? wg[1] + (b & 1) * 512 : wg[1] + b * 512;
+        if (one) {
+          q4_unpack_tile(q + (g * B + b) * 320, w0);
+          if (ng == 2) q4_unpack_tile(q + ((g + 1) * B + b) * 320, w1);
+        }
         _tile_loadd(1, x + r0 * K + b * 32, K * 2);
-        _tile_loadd(2, wb, 64);
+        _tile_loadd(2, w0, 64);
         _tile_dpbf16ps(0, 1, 2);
+        if (ng == 2) {
+          _tile_loadd(4, w1, 64);
+          _tile_dpbf16ps(3, 1, 4);
+        }
       }
       _tile_stored(0, c, 64);
       for (int64_t r = 0; r < R; ++r) v16_store(y + (r0 + r) * N + g * 16, _mm512_load_ps(c + r * 16));
+      if (ng == 2) {
+        _tile_stored(3, c, 64);
+        for (int64_t r = 0; r < R; ++r) v16_store(y + (r0 + r) * N + (g + 1) * 16, _mm512_load_ps(c + r * 16));
+      }
     }
+    g += ng;
   }
   if (shape >= 0) _tile_release();
 }
