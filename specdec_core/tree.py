@@ -84,8 +84,6 @@ def compile_tree(paths, ordered: bool = False) -> Tree:
     built, already distinct tuples of ranks, prefix-closed and sorted by (length, path), so none of the checks
     (a proposal's tree is compiled anew on most steps, and they were half of that)."""
     if ordered:
-        if len(paths) + 1 > MAX_NODES:
-            raise TreeError(f"a tree may have at most {MAX_NODES - 1} paths, got {len(paths)}")
         return _compiled(tuple(paths))
     seen: set[tuple[int, ...]] = set()
     clean = []
@@ -102,13 +100,13 @@ def compile_tree(paths, ordered: bool = False) -> Tree:
     for p in clean:
         if len(p) > 1 and p[:-1] not in seen:
             raise TreeError(f"path {p} has no parent: {p[:-1]} must be declared too")
-    if len(clean) + 1 > MAX_NODES:
-        raise TreeError(f"a tree may have at most {MAX_NODES - 1} paths, got {len(clean)}")
     return _compiled(tuple(sorted(clean, key=lambda p: (len(p), p))))
 
 
 def _compiled(order: tuple) -> Tree:
     """compile_tree's Tree from distinct, prefix-closed rank paths sorted by (length, path)."""
+    if len(order) + 1 > MAX_NODES:
+        raise TreeError(f"a tree may have at most {MAX_NODES - 1} paths, got {len(order)}")
     index = {(): 0} | {p: i + 1 for i, p in enumerate(order)}
     T = len(order) + 1
     par = [-1] + [index[p[:-1]] for p in order]

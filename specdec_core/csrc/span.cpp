@@ -572,7 +572,7 @@ static bool q4_amx(std::optional<bool> tiles) {
   return q4_tiles && amx_granted();
 }
 
-// The same product on AMX's int8 tiles, for 3 or more rows: the weight rows are the A tiles as they lie (16 rows x 64
+// The same product on AMX's int8 tiles, for 2 or more rows: the weight rows are the A tiles as they lie (16 rows x 64
 // k, the row stride K), x's int16 rows split exactly into a signed high byte and an unsigned low one (xq = 256 hi +
 // lo) the B tiles (16 lines of 4 k x the rows). tdpbssd sums w hi, tdpbsud w lo, each exactly in int32 (|w| <= 127, K
 // <= 32768), and their int64 combination is the VNNI kernel's exact sum: the same bits whatever kernel a row takes.
@@ -580,9 +580,7 @@ static bool q4_amx(std::optional<bool> tiles) {
 // multiplies 32 weight rows x 64 k by up to 16 rows in two instructions, so the weights' bytes bound it.
 #define I8_AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-int8")))
 
-#ifndef I8_AMX_ROWS
-#define I8_AMX_ROWS 2
-#endif
+constexpr int64_t i8_amx_rows = 2;   // from here the tiles beat VNNI's multiplies (0.069 against 0.110 ms a level)
 static bool i8_tiles = true;   // AMX's int8 tiles where granted (off: the VNNI kernel at every row count; the same bits)
 
 static bool i8_amx_granted() {
@@ -591,7 +589,7 @@ static bool i8_amx_granted() {
   return ok;
 }
 
-// -> whether a draft's int8 products of 3 or more rows run on AMX's tiles; tiles: set that first (false: the VNNI
+// -> whether a draft's int8 products of 2 or more rows run on AMX's tiles; tiles: set that first (false: the VNNI
 // kernel at every row count, to compare the two)
 static bool int8_amx(std::optional<bool> tiles) {
   if (tiles.has_value()) i8_tiles = *tiles;
@@ -630,6 +628,8 @@ I8_AMX_TARGET static void i8_on_tiles(const int8_t* bt, const float* sx, int64_t
   _tile_loadconfig(&t);
   const int64_t L = 4 * M;
   alignas(64) int32_t c[4][16 * 16];
+  const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(static_cast<int>(M)));   // a weight row's sums in c
   for (int64_t n = n0; n < n1; n += 32) {
     const bool two = n + 32 <= n1;
     _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
@@ -648,13 +648,11 @@ I8_AMX_TARGET static void i8_on_tiles(const int8_t* bt, const float* sx, int64_t
     }
     _tile_stored(4, c[0], L); _tile_stored(5, c[1], L);
     if (two) { _tile_stored(6, c[2], L); _tile_stored(7, c[3], L); }
-    const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                           _mm512_set1_epi32(static_cast<int>(M)));
     for (int h = 0; h < (two ? 2 : 1); ++h) {
       const __m512 sc = v16_load(s + n + 16 * h);
       for (int64_t r = 0; r < M; ++r) {   // row r's 16 sums: 256 hi + lo in int64, to fp32 (one rounding), scaled
-        const __m512i hi = _mm512_i32gather_epi32(_mm512_add_epi32(col, _mm512_set1_epi32(r)), c[2 * h], 4);
-        const __m512i lo = _mm512_i32gather_epi32(_mm512_add_epi32(col, _mm512_set1_epi32(r)), c[2 * h + 1], 4);
+        const __m512i at = _mm512_add_epi32(col, _mm512_set1_epi32(static_cast<int>(r)));
+        const __m512i hi = _mm512_i32gather_epi32(at, c[2 * h], 4), lo = _mm512_i32gather_epi32(at, c[2 * h + 1], 4);
         const __m256 a = _mm512_cvtepi64_ps(_mm512_add_epi64(
             _mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(hi)), 8),
             _mm512_cvtepi32_epi64(_mm512_castsi512_si256(lo))));
@@ -679,7 +677,7 @@ static Tensor i8_product(const Tensor& x, const Tensor& w, const Tensor& s) {
   const int8_t* wp = w.data_ptr<int8_t>();
   const at::BFloat16* sp = s.data_ptr<at::BFloat16>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
-  if (m >= I8_AMX_ROWS && K % 64 == 0 && K <= 32768 && N % 16 == 0 && i8_tiles && i8_amx_granted()) {
+  if (m >= i8_amx_rows && K % 64 == 0 && K <= 32768 && N % 16 == 0 && i8_tiles && i8_amx_granted()) {
     std::vector<int8_t> bt(m * 2 * K);   // each 16 rows' B tiles
     for (int64_t r0 = 0; r0 < m; r0 += 16) i8_b_tiles(xq.data() + r0 * K, std::min<int64_t>(16, m - r0), K, bt.data() + r0 * 2 * K);
     at::parallel_for(0, N / 16, 2, [&](int64_t b0, int64_t b1) {   // blocks of 16 weight rows
@@ -990,7 +988,6 @@ I8_TARGET static void attend_heads(const float* const* q, const float* kc, const
     for (int64_t d = 0; d < D; ++d) out[g][d] = static_cast<T>(o[d]);
   }
 }
-
 
 // attend_heads for ng (1 .. 4) heads, its loops unrolled where D is 64 (SmolLM2's and most small models' head size)
 template <typename T>
@@ -1481,7 +1478,6 @@ std::tuple<Tensor, Tensor, Tensor> eagle_rows(
   return {h, lp, ids.has_value() ? target_ids(*ids, ix) : ix};
 }
 
-
 // Eagle.propose's levels after the root (drafters/eagle.py's _grow, step for step): each level keeps every expanded
 // row's top-K children (parent, target id, cumulative log-prob in float64), expands the K likeliest of them (a stable
 // sort, as Python's), stops where `sized` and the next level cannot pay (policy.deeper_pays: K * best p >= level ms
@@ -1570,7 +1566,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_lines", &q4_lines, "a 4-bit tile array's lines as the kernel unpacks them, [G, B, 16, 32] bf16");
   m.def("q4_products", &q4_products, "the target's 4-bit products on, or off (its packed bf16 ones); -> were they on",
         py::arg("on") = py::none());
-  m.def("int8_amx", &int8_amx, "whether a draft's int8 products of 3+ rows run on AMX's tiles (tiles: set that first)",
+  m.def("int8_amx", &int8_amx, "whether a draft's int8 products of 2+ rows run on AMX's tiles (tiles: set that first)",
         py::arg("tiles") = py::none());
   m.def("q4_amx", &q4_amx, "whether the 4-bit products run on AMX's tiles (else AVX-512 BF16 dot products)",
         py::arg("tiles") = py::none());

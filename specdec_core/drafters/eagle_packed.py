@@ -123,6 +123,11 @@ class PackedHead:
         scale = torch.tensor([D ** -0.5] * self.Hq + [1.0] * self.Hkv, device=self.device)[:, None]   # [Hq+Hkv, 1]
         self.cos, self.sin = cos[:, None] * scale, sin[:, None] * scale                              # [n, Hq+Hkv, D]
 
+    def _reach(self, top: int) -> None:
+        """The RoPE tables cover position `top` (regrown to twice it where they do not)."""
+        if top >= self.cos.shape[0]:
+            self._table(2 * top)
+
     def scratch(self, rows: int) -> Scratch:
         return Scratch(self.Hkv, rows, self.D, self.device)
 
@@ -135,8 +140,7 @@ class PackedHead:
         op = native_op("eagle_levels")
         if op is None:
             return None
-        if n + depth >= self.cos.shape[0]:
-            self._table(2 * (n + depth))
+        self._reach(n + depth)
         kv.reserve(kv.n + (depth - 1) * K)
         parent, tok, score, kv.n = op(f, lp, ix, self.embed, self.cos, self.sin, kv.k, kv.v, kv.n, *self._w,
                                       self.Hq, self.Hkv, self.D, self.eps, self.ids, n, depth, K, sized,
@@ -161,8 +165,7 @@ class PackedHead:
             top = pos.stop - 1
         else:
             top = int(pos) if isinstance(pos, int) else int(pos.max())
-        if top >= self.cos.shape[0]:
-            self._table(2 * top)
+        self._reach(top)
         R0 = kv.n
         kv.reserve(R0 + m)
         kv.n = R0 + m
