@@ -86,13 +86,14 @@ def tree_budget(p: list[float], most: int, block: int, costs: list[float], fixed
     return pick
 
 
-def deeper_pays(best_p: float, topk: int, level_ms: float, tokens_per_ms: float | None) -> bool:
-    """Whether one more level of a tree draft can pay for itself. It adds children to the `topk` likeliest nodes
-    so far, and the children of a node share at most that node's cumulative probability, so the nodes it could
-    add to the verified tree carry at most topk * best_p expected tokens (best_p: the likeliest frontier node's
-    cumulative draft probability). The level costs `level_ms`, which at the steps' measured rate buys
-    level_ms * tokens_per_ms tokens. Without a rate yet: yes."""
-    return tokens_per_ms is None or topk * best_p >= level_ms * tokens_per_ms
+def deeper_pays(mass: float, level_ms: float, tokens_per_ms: float | None) -> bool:
+    """Whether one more level of a tree draft can pay for itself. It adds children to the frontier nodes it
+    expands, and the children of a node share at most that node's cumulative probability, so the nodes it could
+    add to the verified tree carry at most `mass` expected tokens: the sum of the expanded nodes' cumulative draft
+    probabilities (a tighter bound than topk times the likeliest one's, which ran levels that bought nothing:
+    docs/drafters.md). The level costs `level_ms`, which at the steps' measured rate buys level_ms * tokens_per_ms
+    tokens. Without a rate yet: yes."""
+    return tokens_per_ms is None or mass >= level_ms * tokens_per_ms
 
 
 def copy_budget(a: float, shared: int, new: int, rows: int, block: int, costs: list[float],

@@ -375,8 +375,8 @@ def test_a_sized_tree_stops_drafting_when_no_deeper_level_can_pay(one_thread):
     the rate says a level buys more than the frontier's nodes can carry, the head runs fewer levels (counted on
     its calls), drafts no node past the stop, and the output stays plain decoding's."""
     from specdec_core.policy import deeper_pays
-    assert deeper_pays(0.5, 3, 1.0, None)                         # no rate measured yet: draft on
-    assert deeper_pays(0.05, 3, 0.5, 0.2) and not deeper_pays(0.03, 3, 0.5, 0.2)   # 0.15 >= 0.1 > 0.09
+    assert deeper_pays(0.5, 1.0, None)                            # no rate measured yet: draft on
+    assert deeper_pays(0.1, 0.5, 0.2) and not deeper_pays(0.09, 0.5, 0.2)   # the frontier's mass 0.1 >= 0.1 > 0.09
     tgt = tiny_lm(1, layers=1, forward="ours")
     base, _, _ = engine.run(tgt, make("none", tgt), [1, 2, 3], max_new_tokens=16, detail=False)
     calls = {}

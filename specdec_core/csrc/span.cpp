@@ -320,12 +320,22 @@ static inline at::BFloat16 i8_out(int64_t sum, float sx, at::BFloat16 s) {
   return at::BFloat16(static_cast<float>(sum) * sx * static_cast<float>(s));
 }
 
+// the weight lines a kernel thread fetches a block ahead of its reads, up to the end of its rows. A draft's weights
+// come from far caches after each target step, and its rows are short (576 bytes: 9 lines), too short for the
+// hardware's own prefetch to start on before the row is read.
+struct Ahead {
+  const char *p, *end;
+  inline void fetch(int64_t lines) {
+    for (; lines > 0 && p < end; --lines, p += 64) _mm_prefetch(p, _MM_HINT_T0);
+  }
+};
+
 // MR rows of xq [., K] int16 (scales sx) against weight rows n .. n + 3 of w [N, K] -> y[., n .. n + 3]. A lane adds
 // K / 16 products of at most 32767 * 128 in int32: exact up to K = 8192 (2^31 / 2^22 = 512 a lane); longer rows
 // go in chunks of 8192, each chunk's lanes added in int64: the whole sum exact.
 template <int MR>
 I8_TARGET static void i8_tile(const int16_t* xq, const float* sx, int64_t K, const int8_t* w, const at::BFloat16* s,
-                              at::BFloat16* y, int64_t N, int64_t n) {
+                              at::BFloat16* y, int64_t N, int64_t n, Ahead& ahead) {
   int64_t acc[MR][4] = {};
   const int8_t* w0 = w + n * K;
   for (int64_t k0 = 0; k0 < K; k0 += 8192) {
@@ -334,6 +344,7 @@ I8_TARGET static void i8_tile(const int16_t* xq, const float* sx, int64_t K, con
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < 4; ++j) ai[r][j] = _mm512_setzero_si512();
     for (int64_t k = k0; k < k1; k += 32) {
+      ahead.fetch(2);   // as many lines as these 4 rows read
       __m512i wv[4];
       for (int j = 0; j < 4; ++j)
         wv[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w0 + j * K + k)));
@@ -365,13 +376,13 @@ I8_TARGET static float i8_quantize(const at::BFloat16* x, int64_t K, int16_t* xq
 }
 
 I8_TARGET static void i8_rows(const int16_t* xq, const float* sx, int64_t m, int64_t K, const int8_t* w,
-                              const at::BFloat16* s, at::BFloat16* y, int64_t N, int64_t n) {
+                              const at::BFloat16* s, at::BFloat16* y, int64_t N, int64_t n, Ahead& a) {
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) i8_tile<4>(xq + i * K, sx + i, K, w, s, y + i * N, N, n);
+  for (; i + 4 <= m; i += 4) i8_tile<4>(xq + i * K, sx + i, K, w, s, y + i * N, N, n, a);
   switch (m - i) {
-    case 3: i8_tile<3>(xq + i * K, sx + i, K, w, s, y + i * N, N, n); break;
-    case 2: i8_tile<2>(xq + i * K, sx + i, K, w, s, y + i * N, N, n); break;
-    case 1: i8_tile<1>(xq + i * K, sx + i, K, w, s, y + i * N, N, n); break;
+    case 3: i8_tile<3>(xq + i * K, sx + i, K, w, s, y + i * N, N, n, a); break;
+    case 2: i8_tile<2>(xq + i * K, sx + i, K, w, s, y + i * N, N, n, a); break;
+    case 1: i8_tile<1>(xq + i * K, sx + i, K, w, s, y + i * N, N, n, a); break;
   }
 }
 
@@ -619,7 +630,8 @@ I8_AMX_TARGET static void i8_b_tiles(const int16_t* xq, int64_t M, int64_t K, in
 
 // weight rows n0 .. n1 - 1 (multiples of 16) against M <= 16 rows whose B tiles are bt -> y[., n0 .. n1 - 1]
 I8_AMX_TARGET static void i8_on_tiles(const int8_t* bt, const float* sx, int64_t M, int64_t K, const int8_t* w,
-                                      const at::BFloat16* s, at::BFloat16* y, int64_t N, int64_t n0, int64_t n1) {
+                                      const at::BFloat16* s, at::BFloat16* y, int64_t N, int64_t n0, int64_t n1,
+                                      Ahead& ahead) {
   TileConfig t{};   // 0, 1: weight rows (16 x 64 k); 2, 3: x's high and low bytes; 4-7: the sums [16, M] int32
   t.palette = 1;
   for (int i = 0; i < 2; ++i) t.rows[i] = 16, t.colsb[i] = 64;
@@ -634,6 +646,7 @@ I8_AMX_TARGET static void i8_on_tiles(const int8_t* bt, const float* sx, int64_t
     const bool two = n + 32 <= n1;
     _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
     for (int64_t k = 0; k < K; k += 64) {
+      ahead.fetch(32);   // as many lines as this step reads: a block ahead
       const int8_t* b = bt + (k / 64) * 32 * L;
       _tile_loadd(2, b, L);
       _tile_loadd(3, b + 16 * L, L);
@@ -681,14 +694,19 @@ static Tensor i8_product(const Tensor& x, const Tensor& w, const Tensor& s) {
     std::vector<int8_t> bt(m * 2 * K);   // each 16 rows' B tiles
     for (int64_t r0 = 0; r0 < m; r0 += 16) i8_b_tiles(xq.data() + r0 * K, std::min<int64_t>(16, m - r0), K, bt.data() + r0 * 2 * K);
     at::parallel_for(0, N / 16, 2, [&](int64_t b0, int64_t b1) {   // blocks of 16 weight rows
-      for (int64_t r0 = 0; r0 < m; r0 += 16)
+      for (int64_t r0 = 0; r0 < m; r0 += 16) {
+        Ahead a{reinterpret_cast<const char*>(wp + std::min(b0 + 2, b1) * 16 * K),
+                reinterpret_cast<const char*>(wp + b1 * 16 * K)};
         i8_on_tiles(bt.data() + r0 * 2 * K, sx.data() + r0, std::min<int64_t>(16, m - r0), K, wp, sp, yp + r0 * N,
-                    N, 16 * b0, 16 * b1);
+                    N, 16 * b0, 16 * b1, a);
+      }
     });
     return y;
   }
   at::parallel_for(0, N / 4, 16, [&](int64_t b0, int64_t b1) {   // blocks of 4 weight rows
-    for (int64_t b = b0; b < b1; ++b) i8_rows(xq.data(), sx.data(), m, K, wp, sp, yp, N, 4 * b);
+    Ahead a{reinterpret_cast<const char*>(wp + std::min(b0 + 1, b1) * 4 * K),
+            reinterpret_cast<const char*>(wp + b1 * 4 * K)};
+    for (int64_t b = b0; b < b1; ++b) i8_rows(xq.data(), sx.data(), m, K, wp, sp, yp, N, 4 * b, a);
   });
   return y;
 }
@@ -1008,13 +1026,6 @@ static void attend_some(int ng, const float* const* q, const float* kc, const fl
     run(std::integral_constant<int, 0>());
 }
 
-// one query q [D] (cs: nv + 16 floats)
-template <typename T>
-static void attend_query(const float* q, const float* kc, const float* vc, int64_t D, const int64_t* vis, int64_t nv,
-                         const float* bias, float* cs, T* out) {
-  attend_some(1, &q, kc, vc, D, vis, nv, bias, cs, &out);
-}
-
 // G heads, up to 4 side by side where D <= 64 (their registers fit), else 2
 template <typename T>
 static void attend_group(const float* q0, const float* kc, const float* vc, int64_t D, int64_t G, const int64_t* vis,
@@ -1297,7 +1308,7 @@ static Tensor head_rope(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
   return out;
 }
 
-// EAGLE's level attention (the target's loop, attend_query, over the head's scratch) and top-k as loops, where the
+// EAGLE's level attention (the target's loop, attend_nodes, over the head's scratch) and top-k as loops, where the
 // draft's loops are on and the CPU has AVX-512: a level has a few query rows against a few hundred keys, where ATen's
 // two batched products, softmax and views cost more to call than to compute, and a top-k of 2 over a 4096-token row
 // took 30 us. They round differently from ATen's ops, which only moves the draft: verification is exact whatever it
@@ -1313,34 +1324,31 @@ static Tensor draft_attention(const Tensor& qk, const Tensor& k, const Tensor& v
         bias.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
         (dt == at::kBFloat16 || dt == at::kFloat)))
     return Tensor();
-  const int64_t m = qk.size(0), n = m - n0, G = Hq / Hkv, c = bias.size(1), H = Hq + Hkv;
+  const int64_t m = qk.size(0), n = m - n0, c = bias.size(1);
   auto out = at::empty({n, Hq * D}, qk.options().dtype(dt));
-  std::vector<int64_t> vis(R);
-  std::vector<float> bs(R), cs(R + 16);
-  const float* qp = qk.data_ptr<float>() + n0 * H * D;
+  std::vector<int64_t> qrow(n), orow(n);
+  std::vector<std::vector<int64_t>> vis(n);
+  std::vector<std::vector<float>> bs(n);   // empty: every visible key's bias is 0 (a mask's), as here
   for (int64_t i = 0; i < n; ++i) {   // row i sees every row before the last c, and those of the c its bias lets
     const float* br = bias.data_ptr<float>() + (n0 + i) * c;
-    int64_t nv = 0;
+    qrow[i] = n0 + i;
+    orow[i] = i;
+    bool zero = true;
     for (int64_t t = 0; t < R; ++t) {
       const float b = t < R - c ? 0.f : br[t - (R - c)];
       if (b != -INFINITY) {
-        vis[nv] = t;
-        bs[nv++] = b;
+        vis[i].push_back(t);
+        bs[i].push_back(b);
+        zero = zero && b == 0.f;
       }
     }
-    for (int64_t h = 0; h < Hkv; ++h)
-      for (int64_t g = 0; g < G; ++g) {
-        const float* q = qp + i * H * D + (h * G + g) * D;
-        const float* kp = k.data_ptr<float>() + h * k.stride(0);
-        const float* vp = v.data_ptr<float>() + h * v.stride(0);
-        if (dt == at::kBFloat16)
-          attend_query(q, kp, vp, D, vis.data(), nv, bs.data(), cs.data(),
-                       out.data_ptr<at::BFloat16>() + i * Hq * D + (h * G + g) * D);
-        else
-          attend_query(q, kp, vp, D, vis.data(), nv, bs.data(), cs.data(),
-                       out.data_ptr<float>() + i * Hq * D + (h * G + g) * D);
-      }
+    if (zero) bs[i].clear();
   }
+  // a key head's G query heads share its key loads; the rows and heads split over the threads
+  if (dt == at::kBFloat16)
+    attend_nodes(qk, k, v, qrow, vis, bs, out.data_ptr<at::BFloat16>(), Hq * D, orow, Hq, Hkv, D);
+  else
+    attend_nodes(qk, k, v, qrow, vis, bs, out.data_ptr<float>(), Hq * D, orow, Hq, Hkv, D);
   return out;
 }
 
@@ -1387,15 +1395,37 @@ static std::pair<Tensor, Tensor> draft_top(const Tensor& y, int64_t k_top) {
   const int64_t n = y.size(0), V = y.size(1);
   auto lp = at::empty({n, k_top}, y.options().dtype(at::kFloat));
   auto ix = at::empty({n, k_top}, y.options().dtype(at::kLong));
-  for (int64_t i = 0; i < n; ++i) {
-    if (y.scalar_type() == at::kBFloat16)
-      top_logprobs(y.data_ptr<at::BFloat16>() + i * V, V, k_top, lp.data_ptr<float>() + i * k_top,
-                   ix.data_ptr<int64_t>() + i * k_top);
-    else
-      top_logprobs(y.data_ptr<float>() + i * V, V, k_top, lp.data_ptr<float>() + i * k_top,
-                   ix.data_ptr<int64_t>() + i * k_top);
-  }
+  at::parallel_for(0, n, 1, [&](int64_t i0, int64_t i1) {   // a level's few rows over the threads
+    for (int64_t i = i0; i < i1; ++i) {
+      if (y.scalar_type() == at::kBFloat16)
+        top_logprobs(y.data_ptr<at::BFloat16>() + i * V, V, k_top, lp.data_ptr<float>() + i * k_top,
+                     ix.data_ptr<int64_t>() + i * k_top);
+      else
+        top_logprobs(y.data_ptr<float>() + i * V, V, k_top, lp.data_ptr<float>() + i * k_top,
+                     ix.data_ptr<int64_t>() + i * k_top);
+    }
+  });
   return {lp, ix};
+}
+
+// o = x + y for fp32 x [n, H] (each row x0 + i * xs, or one row for all when xs is 0) and y [n, H] in bf16 or fp32:
+// ATen's mixed add (y to fp32, one fp32 add), as a loop where it fits, else that add. EAGLE's residual adds.
+V16_TARGET static void add_rows(const float* x, int64_t xs, const at::BFloat16* y, float* o, int64_t n, int64_t H) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < H; j += 16)
+      _mm512_storeu_ps(o + i * H + j, _mm512_add_ps(_mm512_loadu_ps(x + i * xs + j), v16_load(y + i * H + j)));
+}
+
+static Tensor residual(const Tensor& x, const Tensor& y, bool in_place) {
+  const int64_t H = y.size(-1);
+  const bool row = x.dim() == 1 && !in_place;
+  if (!(v16_ok() && x.device().is_cpu() && x.scalar_type() == at::kFloat && y.scalar_type() == at::kBFloat16 &&
+        y.dim() == 2 && y.is_contiguous() && x.stride(-1) == 1 && H % 16 == 0 && x.size(-1) == H &&
+        (row || (x.dim() == 2 && x.size(0) == y.size(0) && x.stride(0) == H))))
+    return in_place ? x.add_(y) : x + y;
+  auto o = in_place ? x : at::empty(y.sizes(), x.options());
+  add_rows(x.data_ptr<float>(), row ? 0 : H, y.data_ptr<at::BFloat16>(), o.data_ptr<float>(), y.size(0), H);
+  return o;
 }
 
 // eagle_rows' conversions and gathers as loops where they fit (the same values as ATen's ops, without their
@@ -1456,7 +1486,7 @@ std::tuple<Tensor, Tensor, Tensor> eagle_rows(
   c10::InferenceMode guard;
   const int64_t m = f.size(0), G = Hq / Hkv, R = R0 + m;
   const auto dt = e.scalar_type();
-  auto x = fc_b + product_of(fc_input(f, e, dt), w[0], s[0], b[0], packed[0]);          // [m, H] fp32 residual
+  auto x = residual(fc_b, product_of(fc_input(f, e, dt), w[0], s[0], b[0], packed[0]), false);   // [m, H] fp32
   auto qkv = product_of(rms_f32(x, ln1, eps, dt), w[1], s[1], b[1], packed[1]);          // [m, (Hq + 2 Hkv) D]
   auto qk = head_rope(qkv, cos, sin, k, v, R0, Hq, Hkv, D);                              // fp32, roped, q scaled
   const int64_t n0 = last > 0 ? m - last : 0, n = m - n0;
@@ -1468,9 +1498,9 @@ std::tuple<Tensor, Tensor, Tensor> eagle_rows(
     a = at::matmul(at::softmax(sc, -1), v.slice(1, 0, R));                                // [Hkv, n G, D]
     a = a.view({Hkv, n, G * D}).transpose(0, 1).reshape({n, Hq * D}).to(dt);
   }
-  x = x.slice(0, n0) + product_of(a, w[2], s[2], b[2], packed[2]);                       // [n, H]
+  x = residual(x.slice(0, n0), product_of(a, w[2], s[2], b[2], packed[2]), false);         // [n, H]
   auto gu = product_of(rms_f32(x, ln2, eps, dt), w[3], s[3], b[3], packed[3]);          // [n, 2 I]
-  x.add_(product_of(swiglu(gu), w[4], s[4], b[4], packed[4]));
+  residual(x, product_of(swiglu(gu), w[4], s[4], b[4], packed[4]), true);
   auto h = rms_f32(x, norm, eps, at::kFloat);                                            // [n, H] fp32
   auto y = product_of(to_dtype(h, dt), w[5], s[5], b[5], packed[5]);                     // [n, v] logits
   if (k_top == 0) return {h, y, y};
@@ -1480,9 +1510,10 @@ std::tuple<Tensor, Tensor, Tensor> eagle_rows(
 
 // Eagle.propose's levels after the root (drafters/eagle.py's _grow, step for step): each level keeps every expanded
 // row's top-K children (parent, target id, cumulative log-prob in float64), expands the K likeliest of them (a stable
-// sort, as Python's), stops where `sized` and the next level cannot pay (policy.deeper_pays: K * best p >= level ms
-// x committed tokens a ms; level_ms >= 0 pins a level's ms, else the level just run is timed; rate < 0: no rate yet,
-// always deeper), and runs the next level through eagle_rows: its rows see their ancestors' tree rows and themselves.
+// sort, as Python's), stops where `sized` and the next level cannot pay (policy.deeper_pays: the expanded nodes'
+// summed p >= level ms x committed tokens a ms; level_ms >= 0 pins a level's ms, else the level just run is timed;
+// rate < 0: no rate yet, always deeper), and runs the next level through eagle_rows: its rows see their ancestors'
+// tree rows and themselves.
 // f [m, H], lp, ix [m, K]: the root call's. -> (parent, tok, score, the scratch's rows after the last level).
 std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<double>, int64_t> eagle_levels(
     Tensor f, Tensor lp, Tensor ix, const Tensor& embed, const Tensor& cos, const Tensor& sin, const Tensor& k,
@@ -1515,7 +1546,9 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<double>, int6
     pick.resize(std::min<int64_t>(K, pick.size()));
     if (sized && d > 1 && rate >= 0) {
       const double ms = level_ms >= 0 ? level_ms : std::chrono::duration<double, std::milli>(clock::now() - t1).count();
-      if (!(K * std::exp(score[first + pick[0]]) >= ms * rate)) break;
+      double mass = 0;   // the expanded nodes' cumulative probabilities, summed in Python's order
+      for (const int64_t j : pick) mass += std::exp(score[first + j]);
+      if (!(mass >= ms * rate)) break;
     }
     t1 = clock::now();
     const int64_t n = pick.size();

@@ -272,7 +272,7 @@ class Eagle(Drafter):
             pick = sorted(range(len(lvl)), key=lvl.__getitem__, reverse=True)[:K]   # expand the likeliest K
             if self.sized and d > 1:                      # the level just run, timed (or pinned with draft_ms)
                 level_ms = 1e3 * (time.perf_counter() - t1) if self.draft_ms is None else self.draft_ms / self.depth
-                if not deeper_pays(math.exp(lvl[pick[0]]), K, level_ms, self.rate):
+                if not deeper_pays(sum(math.exp(lvl[i]) for i in pick), level_ms, self.rate):
                     break                                 # the next level cannot pay for its time: stop here
             t1 = time.perf_counter()
             shape += (tuple(i // K for i in pick),)                                     # rows of f (parents)
