@@ -43,9 +43,9 @@ class Tree:
     def size(self) -> int:
         return int(self.depth.numel())
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
-        return int(self.depth.max())
+        return max(map(len, self.paths), default=0)   # no tensor op: a proposal reads it every step
 
     @cached_property
     def width(self) -> list[int]:

@@ -363,7 +363,7 @@ class Eagle(Drafter):
         self._copied = None
         if self.copy is None:
             return 0
-        chain = self.copy.propose(ctx).tokens.tolist()
+        chain = self.copy.continuation(ctx)[0]
         if not chain:
             return 0
         self._copied = (len(ctx.tokens), chain)

@@ -53,6 +53,14 @@ class PromptLookup(Drafter):
         self.seq.extend(toks[len(self.seq):])
 
     def propose(self, ctx: DraftContext) -> Proposal:
+        cont, n, start = self.continuation(ctx)
+        if not cont:
+            return Proposal.empty()
+        return Proposal(torch.tensor(cont, dtype=torch.long), info={"ngram": n, "match_at": start})
+
+    def continuation(self, ctx: DraftContext) -> tuple[list[int], int, int]:
+        """(the tokens that followed the tail's earliest earlier match, the tail's length, where it matched), or
+        ([], 0, -1): `propose` without its tensor (EAGLE grafts the list onto its tree)."""
         toks, n_tok = ctx.tokens, len(ctx.tokens)
         self._index(toks)
         for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
@@ -60,6 +68,5 @@ class PromptLookup(Drafter):
             if start < n_tok - n:                   # ... other than the tail itself
                 # a match shorter than `strong` is weak evidence: propose at most `weak` tokens
                 k = ctx.k if self.weak is None or n >= self.strong else min(ctx.k, self.weak)
-                cont = toks[start + n:start + n + k]
-                return Proposal(torch.tensor(cont, dtype=torch.long), info={"ngram": n, "match_at": start})
-        return Proposal.empty()
+                return toks[start + n:start + n + k], n, start
+        return [], 0, -1
