@@ -48,10 +48,10 @@ class SamplingParams:
 
 def probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities under sp."""
-    logits = logits.float()
-    if sp.greedy:
-        out = torch.zeros_like(logits)
+    if sp.greedy:   # the argmax of the logits as they are: a bf16 value widens exactly, so the same index
+        out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
         return out.scatter_(-1, argmax(logits).unsqueeze(-1), 1.0)
+    logits = logits.float()
     logits = logits / sp.temperature
     if sp.top_k and sp.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sp.top_k, dim=-1).values[..., -1:]
