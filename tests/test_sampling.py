@@ -25,6 +25,11 @@ def test_greedy_is_one_hot_argmax():
     close(probs(logits, SamplingParams()), [[0, 1, 0, 0], [1, 0, 0, 0]])
     # top-k / top-p do not change a greedy pick
     close(probs(logits, SamplingParams(top_k=2, top_p=0.1)), [[0, 1, 0, 0], [1, 0, 0, 0]])
+    # bf16 logits (the forward's): picked as they are, the same one-hot in fp32 as from their fp32 copy
+    x = torch.randn(19, 49152, generator=torch.Generator().manual_seed(0)).bfloat16()
+    x[3, [7, 40000]] = x[3].max()                                                # a tie: the first wins
+    got = probs(x, SamplingParams())
+    assert got.dtype == torch.float32 and torch.equal(got, probs(x.float(), SamplingParams()))
 
 
 @pytest.mark.parametrize("V", [49152, 32000, 1000, 97, 5])

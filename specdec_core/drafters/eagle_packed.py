@@ -36,8 +36,9 @@ AMX, the fresh code and JSON prompts: the draft 4.34 ms a step against 5.18, 104
 tokens. Its draft loops (on by default; `draft_loops(False)` makes eagle_rows bitwise _rows, tests/test_native.py)
 then replace three ATen calls whose cost at two rows is not arithmetic: the int8 products (ATen's loop converts
 every weight to fp32 and was bound by its instructions: csrc/span.cpp's int16 x int8 kernel on AVX-512 VNNI, 2.3x
-faster at 1-2 rows), attention over the head's sequence (two batched products, a softmax and their views: one loop
-per query) and the top-k of the level's log-probs (torch.topk took 30 us for 2 of 4096). They round differently from
+faster at 1-2 rows), attention over the head's sequence (two batched products, a softmax and their views: the
+target's loop, a key head's query heads together, rows and key heads over the threads) and the top-k of the level's
+log-probs (torch.topk took 30 us for 2 of 4096). They round differently from
 ATen's, which can only move the draft. Measured side by side on the same Xeon, the fresh code and JSON prompts: the
 draft 3.32 ms a step (median) against 4.40, 3.40 tokens a step against 3.37, 106.7 against 101.8 tokens/s.
 
@@ -46,7 +47,10 @@ cuts, each measured side by side on the same Xeon kind with the fresh code and J
 products on AMX's int8 tiles at 2+ rows (the same exact sums as the VNNI kernel, so the same bits; 2.87 against 2.96
 ms a step: the weights come from L3 after each target step, so the bytes, not the multiplies, bound them in situ);
 the levels after the root in one C++ call (`levels`: 2.76 against 3.11 ms); and fc's input, the LM head's input and
-the id gather as loops (2.34 against 2.65 ms, 0.198 of a one-token step).
+the id gather as loops (2.34 against 2.65 ms, 0.198 of a one-token step). Then the int8 kernels began fetching each
+thread's weight rows a block ahead of its reads: a row of 576 int8 weights is 9 cache lines, too short for the
+hardware's prefetch to start on, and after each target step the head's weights come from far caches (2.16 against
+2.41 ms a step side by side; 2.15 against 2.31 and 2.16 against 2.30 on reruns, the same Xeon kind).
 """
 from __future__ import annotations
 
