@@ -1408,8 +1408,9 @@ static std::pair<Tensor, Tensor> draft_top(const Tensor& y, int64_t k_top) {
   return {lp, ix};
 }
 
-// o = x + y for fp32 x [n, H] (each row x0 + i * xs, or one row for all when xs is 0) and y [n, H] in bf16 or fp32:
-// ATen's mixed add (y to fp32, one fp32 add), as a loop where it fits, else that add. EAGLE's residual adds.
+// o = x + y for fp32 x [n, H] (row i at x + i * xs; xs = 0: one row for all, fc's bias) and bf16 y [n, H]: ATen's
+// mixed add (y widened to fp32, one fp32 add: the same bits) as a loop where it fits, else that add. EAGLE's
+// residual adds, in place where asked.
 V16_TARGET static void add_rows(const float* x, int64_t xs, const at::BFloat16* y, float* o, int64_t n, int64_t H) {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < H; j += 16)
