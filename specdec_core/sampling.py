@@ -11,6 +11,7 @@ from dataclasses import dataclass, asdict
 import torch
 
 from .errors import InputError   # raised here; re-exported, so `from .sampling import InputError` keeps working
+from .forward import native_op
 
 MAX_TEMPERATURE = 5.0
 MIN_TEMPERATURE = 0.01   # below this, logits / T overflow float32 into NaN; 0 itself is greedy
@@ -83,8 +84,7 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     of bf16 logits, 2 threads); elsewhere a row is read in blocks: the first block holding the maximum (argmax over
     the blocks' amax, which propagates NaN as argmax ranks it), then the first maximum inside it (200 us for 19)."""
     if x.device.type == "cpu" and x.dim() > 0 and x.shape[-1] > 0 and x.dtype in (torch.bfloat16, torch.float32):
-        from .native import op
-        row = op("row_argmax")   # csrc/span.cpp's two passes a row, the rows over the threads: the same index
+        row = native_op("row_argmax")   # csrc/span.cpp's two passes a row, the rows over the threads: the same index
         if row is not None:
             return row(x.reshape(-1, x.shape[-1]).contiguous()).reshape(x.shape[:-1])
     B = _block(x.shape[-1]) if x.device.type == "cpu" and x.dim() > 0 else 0

@@ -1083,6 +1083,20 @@ static void attend_any(const Tensor& q, const Tensor& kr, const Tensor& vr, cons
     attend_nodes(q, kr, vr, qrow, vis, bias, out.data_ptr<float>(), out.stride(0), orow, Hq, Hkv, D);
 }
 
+// the slots of bias row r [w] that are not -inf (slot at + t, or at + gather[t]) appended to vis, their biases to bs;
+// -> whether any of those biases is not 0 (else the caller drops bs: a mask's zeros need no adding)
+static bool visible_tail(const float* r, int64_t w, int64_t at, const int64_t* gather, std::vector<int64_t>& vis,
+                         std::vector<float>& bs) {
+  bool any = false;
+  for (int64_t t = 0; t < w; ++t)
+    if (r[t] != -INFINITY) {
+      vis.push_back(at + (gather != nullptr ? gather[t] : t));
+      bs.push_back(r[t]);
+      any = any || r[t] != 0.f;
+    }
+  return any;
+}
+
 // a chain's node j sees the slots where its bias row (row j of bias [G n', S]: its query heads' rows are alike) is
 // not -inf, in slot order (= position order)
 static void chain_visible(const Tensor& bias, int64_t n, int64_t S, std::vector<std::vector<int64_t>>& vis,
@@ -1092,17 +1106,8 @@ static void chain_visible(const Tensor& bias, int64_t n, int64_t S, std::vector<
   const int64_t w = b.size(1);
   vis.assign(n, {});
   bs.assign(n, {});
-  for (int64_t j = 0; j < n; ++j) {
-    const float* r = bp + j * w;
-    bool any = false;
-    for (int64_t t = 0; t < std::min(S, w); ++t)
-      if (r[t] != -INFINITY) {
-        vis[j].push_back(t);
-        bs[j].push_back(r[t]);
-        any = any || r[t] != 0.f;
-      }
-    if (!any) bs[j].clear();
-  }
+  for (int64_t j = 0; j < n; ++j)
+    if (!visible_tail(bp + j * w, std::min(S, w), 0, nullptr, vis[j], bs[j])) bs[j].clear();
 }
 
 // a tree's node j (rows j G .. of gather, bias [G n', w]) sees the prefix [0, base), then its tail positions t where
@@ -1117,16 +1122,9 @@ static void tree_visible(const Tensor& gather, const Tensor& bias, int64_t n, in
   for (int64_t j = 0; j < n; ++j) {
     const int64_t* gr = gt.data_ptr<int64_t>() + j * G * w;
     const float* br = b.data_ptr<float>() + j * G * w;
-    bool any = false;
     for (int64_t t = 0; t < base; ++t) vis[j].push_back(t);
     bs[j].assign(base, 0.f);
-    for (int64_t t = 0; t < w; ++t)
-      if (br[t] != -INFINITY) {
-        vis[j].push_back(base + gr[t]);
-        bs[j].push_back(br[t]);
-        any = any || br[t] != 0.f;
-      }
-    if (!any) bs[j].clear();
+    if (!visible_tail(br, w, base, gr, vis[j], bs[j])) bs[j].clear();
   }
 }
 
@@ -1328,21 +1326,13 @@ static Tensor draft_attention(const Tensor& qk, const Tensor& k, const Tensor& v
   auto out = at::empty({n, Hq * D}, qk.options().dtype(dt));
   std::vector<int64_t> qrow(n), orow(n);
   std::vector<std::vector<int64_t>> vis(n);
-  std::vector<std::vector<float>> bs(n);   // empty: every visible key's bias is 0 (a mask's), as here
+  std::vector<std::vector<float>> bs(n);   // empty where every visible key's bias is 0 (a mask's)
   for (int64_t i = 0; i < n; ++i) {   // row i sees every row before the last c, and those of the c its bias lets
-    const float* br = bias.data_ptr<float>() + (n0 + i) * c;
     qrow[i] = n0 + i;
     orow[i] = i;
-    bool zero = true;
-    for (int64_t t = 0; t < R; ++t) {
-      const float b = t < R - c ? 0.f : br[t - (R - c)];
-      if (b != -INFINITY) {
-        vis[i].push_back(t);
-        bs[i].push_back(b);
-        zero = zero && b == 0.f;
-      }
-    }
-    if (zero) bs[i].clear();
+    for (int64_t t = 0; t < R - c; ++t) vis[i].push_back(t);
+    bs[i].assign(R - c, 0.f);
+    if (!visible_tail(bias.data_ptr<float>() + (n0 + i) * c, c, R - c, nullptr, vis[i], bs[i])) bs[i].clear();
   }
   // a key head's G query heads share its key loads; the rows and heads split over the threads
   if (dt == at::kBFloat16)
