@@ -350,9 +350,18 @@ class Forward:
         return out
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
-        # fp32 keys and values on the CPU: attention runs in fp32 and reads them without a conversion
-        kv = torch.float32 if self.device.type == "cpu" else self.dtype
-        return KVCache(len(self.blocks), batch, self.n_kv, self.head_dim, kv, self.device, capacity)
+        return KVCache(len(self.blocks), batch, self.n_kv, self.head_dim, self.kv_dtype(), self.device, capacity)
+
+    def kv_dtype(self) -> torch.dtype:
+        """The cache's dtype: on the CPU fp32 (attention runs in fp32 and reads it without a conversion), but bf16
+        where a bf16 model's attention runs on AMX's tiles (csrc/span.cpp's attend_tiles reads keys and values as
+        bf16: half the bytes a step, and the same bits as from an fp32 cache); elsewhere the model's dtype."""
+        if self.device.type != "cpu":
+            return self.dtype
+        tiles = native_op("tile_attention")
+        if self._packed and self.dtype == torch.bfloat16 and tiles is not None and tiles():
+            return torch.bfloat16
+        return torch.float32
 
     # -- pieces
 
@@ -417,7 +426,7 @@ class Forward:
         # it: the same bits a query. Plain products keep ATen's (transformers' eager forward, bit for bit)
         if self._packed and native_op("attend_chain") is not None:
             out = q.new_zeros(N, Hq * D)
-            if _attend_own(q, kc, vc, groups, out):
+            if _attend_own(q, kc, vc, groups, out, self.dtype == torch.bfloat16):
                 return out
         out = None if whole and n_real == N else q.new_zeros(N, Hq, D)
         for kind, S, r, idx, aux, bias, span in groups:   # aux: chains' real-query mask, trees' TreePlan
@@ -559,7 +568,7 @@ class Forward:
         return (logits, h) if hidden else logits
 
 
-def _attend_own(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, groups, out: torch.Tensor) -> bool:
+def _attend_own(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, groups, out: torch.Tensor, half: bool) -> bool:
     """Forward._attend's groups through csrc/span.cpp's attention loop, into out [N, Hq D] fp32: chains row by row
     (their real queries), trees per row. -> False where the loop does not fit (nothing written that counts)."""
     chain, tree = native_op("attend_chain"), native_op("attend_tree")
@@ -567,7 +576,7 @@ def _attend_own(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, groups, out
         if kind == "chain" and span is not None:
             row, a, n = span
             qs = list(range(a, a + n))
-            if not chain(q, kc[row], vc[row], bias[0, 0], S, qs, out, qs):
+            if not chain(q, kc[row], vc[row], bias[0, 0], S, qs, out, qs, half):
                 return False
         elif kind == "chain":
             rs = list(range(r.start, r.stop)) if isinstance(r, slice) else r.tolist()
@@ -575,11 +584,11 @@ def _attend_own(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, groups, out
             real = aux.view(-1, n).sum(1).tolist()
             for i, (row, qi) in enumerate(zip(rs, idx.tolist())):
                 qs = qi[:real[i]]                          # the padding repeats a real query at the end
-                if not chain(q, kc[row], vc[row], bias[i, 0], S, qs, out, qs):
+                if not chain(q, kc[row], vc[row], bias[i, 0], S, qs, out, qs, half):
                     return False
         else:
             qs = idx.tolist()
-            if not tree(q, kc[r], vc[r], aux.gather, aux.bias, aux.base, qs, out, qs):
+            if not tree(q, kc[r], vc[r], aux.gather, aux.bias, aux.base, qs, out, qs, half):
                 return False
     return True
 

@@ -67,7 +67,8 @@ class StaticStep:
             c.v[l][0].index_copy_(1, slot, v.transpose(0, 1).to(c.dtype))
             a = q.new_zeros(1, Hq * D)
             # on the CPU, a packed forward's attention is csrc/span.cpp's loop (Forward._attend): the same call here
-            own = own and fw.native_op("attend_chain")(q, c.k[l][0], c.v[l][0], bias[0, 0], S, [0], a, [0])
+            own = own and fw.native_op("attend_chain")(q, c.k[l][0], c.v[l][0], bias[0, 0], S, [0], a, [0],
+                                                      f.dtype == torch.bfloat16)
             if not own:
                 kk, vv = c.k[l][0, :, :S].float(), c.v[l][0, :, :S].float()              # [Hkv, S, D]
                 xq = q[0:1].view(1, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G, D)

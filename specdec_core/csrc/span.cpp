@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -194,12 +195,64 @@ static Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 // are as a CPU call has them (qkv contiguous bf16 or fp32, fp32 tables and cache), else those ATen ops. The loop
 // is bitwise the ops: each element is the same IEEE products and sum, rounded alike (no contraction into an FMA:
 // built with -ffp-contract=off), and the conversions from bf16 are exact.
-template <typename T>
+// rope_rows for bf16 inputs, 16 lanes at a time: each number through the same IEEE operations in the same order
+// (the two products rounded, then their sum, then the scale), so the same bits as the loop below
+template <typename C>
+V16_TARGET static void rope_rows16(const at::BFloat16* x, int64_t ld, const float* cos, const float* sin, int64_t crs,
+                                   int64_t chs, const float* scale, float* out, C* k, C* v, int64_t ks0, int64_t ks1,
+                                   int64_t vs0, int64_t vs1, int64_t Np, int64_t N, int64_t Hq, int64_t Hkv,
+                                   int64_t D) {
+  const int64_t h2 = D / 2, H = Hq + Hkv;
+  for (int64_t i = 0; i < Np; ++i) {
+    const at::BFloat16* xi = x + i * ld;
+    for (int64_t h = 0; h < H; ++h) {
+      const at::BFloat16* xh = xi + h * D;
+      const float* c = cos + i * crs + h * chs;
+      const float* s = sin + i * crs + h * chs;
+      float* o = out + (i * H + h) * D;
+      for (int64_t d = 0; d < h2; d += 16) {
+        const __m512 a = v16_load(xh + d), b = v16_load(xh + d + h2);
+        __m512 lo = _mm512_add_ps(_mm512_mul_ps(a, _mm512_loadu_ps(c + d)), _mm512_mul_ps(b, _mm512_loadu_ps(s + d)));
+        __m512 hi = _mm512_add_ps(_mm512_mul_ps(b, _mm512_loadu_ps(c + d + h2)),
+                                  _mm512_mul_ps(a, _mm512_loadu_ps(s + d + h2)));
+        if (scale != nullptr) {
+          lo = _mm512_mul_ps(lo, _mm512_set1_ps(scale[h]));
+          hi = _mm512_mul_ps(hi, _mm512_set1_ps(scale[h]));
+        }
+        _mm512_storeu_ps(o + d, lo);
+        _mm512_storeu_ps(o + d + h2, hi);
+      }
+      if (i < N && h >= Hq) {
+        C* kd = k + (h - Hq) * ks0 + i * ks1;
+        for (int64_t d = 0; d < D; d += 16) {
+          if constexpr (std::is_same_v<C, float>)
+            _mm512_storeu_ps(kd + d, _mm512_loadu_ps(o + d));
+          else
+            v16_store(kd + d, _mm512_loadu_ps(o + d));
+        }
+      }
+    }
+    if (i < N)
+      for (int64_t h = 0; h < Hkv; ++h) {
+        const at::BFloat16* vh = xi + (H + h) * D;
+        C* vd = v + h * vs0 + i * vs1;
+        if constexpr (std::is_same_v<C, float>)
+          for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(vd + d, v16_load(vh + d));
+        else
+          std::memcpy(vd, vh, D * sizeof(C));
+      }
+  }
+}
+
+template <typename T, typename C>
 static void rope_rows(const T* x, int64_t ld, const float* cos, const float* sin, int64_t crs, int64_t chs,
-                      const float* scale, float* out, float* k, float* v, int64_t ks0, int64_t ks1, int64_t vs0,
+                      const float* scale, float* out, C* k, C* v, int64_t ks0, int64_t ks1, int64_t vs0,
                       int64_t vs1, int64_t Np, int64_t N, int64_t Hq, int64_t Hkv, int64_t D) {
   // x [Np, (Hq + 2 Hkv) D] rows ld apart; a table row at cos + i crs + h chs (the target's: one per row, every head
   // alike; the EAGLE head's: one per head, pre-scaled); scale: per head, or none
+  if constexpr (std::is_same_v<T, at::BFloat16>)
+    if (D % 32 == 0 && v16_ok())
+      return rope_rows16(x, ld, cos, sin, crs, chs, scale, out, k, v, ks0, ks1, vs0, vs1, Np, N, Hq, Hkv, D);
   const int64_t h2 = D / 2, H = Hq + Hkv;
   for (int64_t i = 0; i < Np; ++i) {
     const T* xi = x + i * ld;
@@ -223,23 +276,24 @@ static void rope_rows(const T* x, int64_t ld, const float* cos, const float* sin
         for (int64_t d = 0; d < D; ++d) o[d] = o[d] * sc;
       }
       if (i < N && h >= Hq) {
-        float* kd = k + (h - Hq) * ks0 + i * ks1;
-        for (int64_t d = 0; d < D; ++d) kd[d] = o[d];
+        C* kd = k + (h - Hq) * ks0 + i * ks1;
+        for (int64_t d = 0; d < D; ++d) kd[d] = static_cast<C>(o[d]);
       }
     }
     if (i < N) {
       for (int64_t h = 0; h < Hkv; ++h) {
         const T* vh = xi + (H + h) * D;
-        float* vd = v + h * vs0 + i * vs1;
-        for (int64_t d = 0; d < D; ++d) vd[d] = static_cast<float>(vh[d]);
+        C* vd = v + h * vs0 + i * vs1;
+        for (int64_t d = 0; d < D; ++d) vd[d] = static_cast<C>(static_cast<float>(vh[d]));
       }
     }
   }
 }
 
 // rope_rows over qkv's dtype (bf16 or fp32), into out [Np, Hq + Hkv, D] fp32; k, v: the first row's cache slots
+template <typename C>
 static void rope_qkv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, int64_t crs, int64_t chs,
-                     const float* scale, const Tensor& out, float* k, float* v, int64_t ks0, int64_t ks1, int64_t vs0,
+                     const float* scale, const Tensor& out, C* k, C* v, int64_t ks0, int64_t ks1, int64_t vs0,
                      int64_t vs1, int64_t N, int64_t Hq, int64_t Hkv, int64_t D) {
   if (qkv.scalar_type() == at::kBFloat16)
     rope_rows(qkv.data_ptr<at::BFloat16>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(), crs, chs,
@@ -257,7 +311,8 @@ static Tensor rope_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, c
       qkv.size(1) == (Hq + 2 * Hkv) * D && (qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == f32) &&
       D % 2 == 0 && cos.scalar_type() == f32 && sin.scalar_type() == f32 && cos.is_contiguous() &&
       sin.is_contiguous() && cos.numel() == Np * D && sin.numel() == Np * D && scale.scalar_type() == f32 &&
-      scale.is_contiguous() && scale.numel() == Hq + Hkv && kr.scalar_type() == f32 && vr.scalar_type() == f32 &&
+      scale.is_contiguous() && scale.numel() == Hq + Hkv && kr.scalar_type() == vr.scalar_type() &&
+      (kr.scalar_type() == f32 || kr.scalar_type() == at::kBFloat16) &&
       kr.stride(2) == 1 && vr.stride(2) == 1 && kr.size(1) >= s0 + N && vr.size(1) >= s0 + N;
   if (!loop) {
     auto qk = rotate(qkv.slice(1, 0, (Hq + Hkv) * D).to(at::kFloat).view({Np, Hq + Hkv, D}), cos, sin) * scale;
@@ -266,9 +321,14 @@ static Tensor rope_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, c
     return qk;
   }
   auto out = at::empty({Np, Hq + Hkv, D}, qkv.options().dtype(f32));
-  rope_qkv(qkv, cos, sin, D, 0, scale.data_ptr<float>(), out, kr.data_ptr<float>() + s0 * kr.stride(1),
-           vr.data_ptr<float>() + s0 * vr.stride(1), kr.stride(0), kr.stride(1), vr.stride(0), vr.stride(1), N, Hq,
-           Hkv, D);
+  auto run = [&](auto* k, auto* v) {   // the cache's own dtype: fp32, or bf16 (each key rounded once, as copy_ does)
+    rope_qkv(qkv, cos, sin, D, 0, scale.data_ptr<float>(), out, k + s0 * kr.stride(1), v + s0 * vr.stride(1),
+             kr.stride(0), kr.stride(1), vr.stride(0), vr.stride(1), N, Hq, Hkv, D);
+  };
+  if (kr.scalar_type() == f32)
+    run(kr.data_ptr<float>(), vr.data_ptr<float>());
+  else
+    run(kr.data_ptr<at::BFloat16>(), vr.data_ptr<at::BFloat16>());
   return out;
 }
 
@@ -923,10 +983,14 @@ static bool own_attention(bool on) {
   return was;
 }
 
-static bool own_attention_fits(const Tensor& q, const Tensor& kr, int64_t D) {
+static bool tile_attention_fits(int64_t D);
+
+// half: the model computes in bf16 (then the tiles where they fit, over an fp32 or a bf16 cache)
+static bool own_attention_fits(const Tensor& q, const Tensor& kr, int64_t D, bool half) {
+  const bool cache = kr.scalar_type() == at::kFloat || (kr.scalar_type() == at::kBFloat16 && half &&
+                                                        tile_attention_fits(D));
   return own_att && i8_kernel_ok() && D % 16 == 0 && D <= 128 && q.is_cpu() && q.scalar_type() == at::kFloat &&
-         q.stride(-1) == 1 && q.stride(-2) == D && kr.scalar_type() == at::kFloat && kr.stride(-1) == 1 &&
-         kr.stride(-2) == D;
+         q.stride(-1) == 1 && q.stride(-2) == D && cache && kr.stride(-1) == 1 && kr.stride(-2) == D;
 }
 
 // a query head's nv scores s (bias[c] added where given) -> e^(s - max) in place; -> 1 / their sum in 16 lanes
@@ -1073,10 +1137,390 @@ static void attend_nodes(const Tensor& q, const Tensor& kr, const Tensor& vr, co
   });
 }
 
+// ---- The target's attention on AMX's bf16 tiles (a bf16 model on a CPU with AMX)
+// Queries and keys rounded to bf16, p = e^(s - max) rounded to bf16, the values (bf16 numbers) as they are; sums in
+// fp32 (transformers' bf16 attention rounds the same three). Per key/value head and block of 16 query rows: scores
+// as tile products of 16 rows x 16 keys (32 dims a product), p . v as 16 rows x 16 dims (32 positions a product).
+// Each element of a tile product is a function of its own row and column alone, and a query's p sits at its own
+// position (blocks of 32 positions from 0), so a query's bits are the same alone, in a chain, as a tree node (its
+// ancestors' values gathered into position order) and beside any other rows; the blocks past a query's last
+// position add p = 0 (+0) to its sums. The fp32 loop above serves fp32 models and CPUs without AMX.
+static bool tile_att = true;
+
+static bool tile_attention(std::optional<bool> on) {   // -> whether a bf16 model's attention runs on the tiles
+  if (on.has_value()) tile_att = *on;
+  return tile_att && amx_granted();
+}
+
+static bool tile_attention_fits(int64_t D) { return tile_att && D % 32 == 0 && D <= 128 && amx_granted(); }
+
+// 16 rows of 16 dwords, transposed in place (r[c] becomes column c)
+AMX_TARGET static void transpose16(__m512i* r) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {   // u[4 g + j], 128-bit lane k: column 4 k + j of rows 4 g .. 4 g + 3
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i s0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44), s1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
+    const __m512i s2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512i s3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
+    r[j] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+    r[4 + j] = _mm512_shuffle_i32x4(s0, s2, 0xDD);
+    r[8 + j] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(s1, s3, 0xDD);
+  }
+}
+
+// 32 numbers -> 32 bf16 in order (fp32 rounded to nearest even; bf16 as it is)
+AMX_TARGET static inline __m512i bf16x32(const float* x) {
+  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+}
+AMX_TARGET static inline __m512i bf16x32(const at::BFloat16* x) { return _mm512_loadu_si512((const void*)x); }
+
+// 16 fp32 -> 16 bf16 as ATen rounds them (v16_store's rule) in the low halves of 16 dwords
+AMX_TARGET static inline __m512i bf16_aten16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                        _mm512_set1_epi32(0x7FFF));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+}
+
+// a key's 32 numbers -> bf16 as a bf16 cache holds them (so a key has the same bits from either cache)
+AMX_TARGET static inline __m512i key_bf16x32(const float* x) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16_aten16(_mm512_loadu_ps(x)))),
+                            _mm512_cvtepi32_epi16(bf16_aten16(_mm512_loadu_ps(x + 16))), 1);
+}
+AMX_TARGET static inline __m512i key_bf16x32(const at::BFloat16* x) { return bf16x32(x); }
+
+// 16 numbers of rows a and b -> the 16 pairs (a[d], b[d]) as bf16: a value tile's line
+AMX_TARGET static inline __m512i pair_lanes(__m512i ab) {   // [a 16 | b 16] bf16 -> a0 b0 a1 b1 ..
+  const __m512i ix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                      5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(ix, ab);
+}
+AMX_TARGET static inline __m512i bf16_pairs(const float* a, const float* b) {
+  return pair_lanes((__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(b), _mm512_loadu_ps(a)));
+}
+AMX_TARGET static inline __m512i bf16_pairs(const at::BFloat16* a, const at::BFloat16* b) {
+  return pair_lanes(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)a)),
+                                       _mm256_loadu_si256((const __m256i*)b), 1));
+}
+
+template <typename C>
+static inline void prefetch_row(const C* r, int64_t D) {
+  for (int64_t l = 0; l < D * (int64_t)sizeof(C); l += 64) _mm_prefetch((const char*)r + l, _MM_HINT_T0);
+}
+
+// keys [S, D] as bf16 rows [SK 16, D] where a tile product reads them in place (a bf16 cache's, the last block's
+// rows past S zeros) -> the rows; kb: scratch for what must be made (an fp32 cache's keys, rounded as a bf16 cache
+// holds them; the last partial block)
+template <typename C>
+AMX_TARGET static const uint16_t* key_rows(const C* kc, int64_t S, int64_t D, std::vector<uint16_t>& kb) {
+  const int64_t SK = (S + 15) / 16, whole = std::is_same_v<C, float> ? 0 : S / 16 * 16;
+  kb.resize(SK * 16 * D);
+  for (int64_t s = whole; s < SK * 16; ++s)
+    for (int64_t d = 0; d < D; d += 32)
+      _mm512_storeu_si512((void*)(kb.data() + s * D + d), s < S ? key_bf16x32(kc + s * D + d) : _mm512_setzero_si512());
+  if constexpr (std::is_same_v<C, float>)
+    return kb.data();
+  else
+    return reinterpret_cast<const uint16_t*>(kc);
+}
+
+// one block of 32 positions' values (rows[c]: position c's row, nullptr: zeros) -> vt [D / 16][16 lines][32 bf16]
+template <typename C>
+AMX_TARGET static void value_tiles(const C* const* rows, int64_t D, uint16_t* vt) {
+  alignas(64) static const C zero[128] = {};
+  for (int p = 0; p < 16; ++p) {   // each row read once, in order
+    const C* a = rows[2 * p] ? rows[2 * p] : zero;
+    const C* b = rows[2 * p + 1] ? rows[2 * p + 1] : zero;
+    for (int64_t t = 0; t < D / 16; ++t)
+      _mm512_storeu_si512((void*)(vt + (t * 16 + p) * 32), bf16_pairs(a + 16 * t, b + 16 * t));
+  }
+}
+
+// softmax_in's numbers (the same operations in the same order) with e^(s - max) rounded to bf16 into p (zeros up
+// to a multiple of 32) instead of back into s; -> 1 / their fp32 sum
+AMX_TARGET static float softmax_bf16(float* s, int64_t nv, const float* bias, uint16_t* p) {
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  for (int64_t c = 0; c < nv; c += 16) {
+    const __mmask16 mk = nv - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nv - c)) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(mk, s + c);
+    if (bias != nullptr) {
+      v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + c));
+      _mm512_mask_storeu_ps(s + c, mk, v);
+    }
+    top = _mm512_mask_max_ps(top, mk, top, v);
+  }
+  const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 sum = _mm512_setzero_ps();
+  auto e16 = [&](int64_t c) AMX_TARGET {   // lanes past nv: 0
+    if (c >= nv) return _mm512_setzero_ps();
+    const __mmask16 mk = nv - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nv - c)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + c), mxv)));
+    sum = _mm512_add_ps(sum, e);
+    return e;
+  };
+  for (int64_t c = 0; c < nv; c += 32) {
+    const __m512 lo = e16(c), hi = e16(c + 16);
+    _mm512_storeu_si512((void*)(p + c), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+  return 1.f / _mm512_reduce_add_ps(sum);
+}
+
+// what every head of a call shares: the slots read [0, S), the longest visible run, and per node the first position
+// whose slot is not that position (a tree node's first ancestor past the prefix)
+struct TileCall {
+  int64_t S = 0, most = 0, n = 0, G = 0, R = 0, RB = 0, work = 0;
+  std::vector<int64_t> same;
+};
+
+// a thread's scratch, kept between calls; the key and shared value tiles belong to (call, head)
+struct TileScratch {
+  std::vector<uint16_t> qb, kt, pb, vsh, vt, pt;
+  std::vector<float> sc, o, cs, iv;
+  std::vector<char> made;
+  int64_t call = -1, head = -1;
+};
+
+#define TDP_AT(c, a, b) \
+  switch (c) {          \
+    case 0: _tile_dpbf16ps(0, a, b); break; \
+    case 1: _tile_dpbf16ps(1, a, b); break; \
+    case 2: _tile_dpbf16ps(2, a, b); break; \
+    default: _tile_dpbf16ps(3, a, b); break; \
+  }
+
+// rows rb 16 .. rb 16 + 15 (node i's heads h G + g are rows i G + g) of key/value head h
+template <typename T, typename C>
+AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileScratch& w, const Tensor& q,
+                                         const C* kc, const C* vc, int64_t h, int64_t rb,
+                                         const std::vector<int64_t>& qrow, const std::vector<std::vector<int64_t>>& vis,
+                                         const std::vector<std::vector<float>>& bias, T* out, int64_t ors,
+                                         const std::vector<int64_t>& orow, int64_t Hq, int64_t D) {
+  const int64_t S = tc.S, G = tc.G, KS = D / 32, DT = D / 16, SK = (S + 15) / 16;
+  const int64_t NB = (tc.most + 31) / 32, PW = NB * 32, r0 = rb * 16, nr = std::min<int64_t>(16, tc.R - r0);
+  if (w.call != call || w.head != h) {   // no value tiles made yet for this head
+    w.vsh.resize(NB * DT * 512);
+    w.made.assign(NB, 0);
+    w.call = call;
+    w.head = h;
+  }
+  const uint16_t* kb = key_rows(kc, S, D, w.kt);
+  const uint16_t* klast = w.kt.data();   // the last block of keys, where S is not a multiple of 16
+  const bool part = S % 16 != 0 && !std::is_same_v<C, float>;
+  // the query rows as tiles [D / 32][16 lines][16 rows x 2] (line p: dims 2p, 2p + 1), zeros past the last row
+  w.qb.resize(KS * 512);
+  const float* qp = q.data_ptr<float>();
+  for (int64_t k = 0; k < KS; ++k) {
+    __m512i x[16];
+    for (int64_t r = 0; r < 16; ++r) {
+      const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
+      x[r] = r < nr ? bf16x32(qp + qrow[i] * q.stride(0) + (h * G + g) * D + 32 * k) : _mm512_setzero_si512();
+    }
+    transpose16(x);
+    for (int p = 0; p < 16; ++p) _mm512_storeu_si512((void*)(w.qb.data() + (k * 16 + p) * 32), x[p]);
+  }
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  // scores [SK 16 keys, 16 rows]: the queries stay in tiles 6, 7 (D <= 64) or are loaded per product into 6;
+  // three key blocks at a time, three sums in flight (tiles 0-2 the sums, 3-5 keys read in place)
+  w.sc.resize(SK * 256);
+  auto keys = [&](int64_t b) { return part && b == SK - 1 ? klast + (S / 16 * 16) * D : kb + b * 16 * D; };
+  const bool resident = KS <= 2;
+  if (resident) {
+    _tile_loadd(6, w.qb.data(), 64);
+    if (KS > 1) _tile_loadd(7, w.qb.data() + 512, 64);
+  }
+  for (int64_t b = 0; b < SK; b += 3) {
+    const int64_t nt = std::min<int64_t>(3, SK - b);
+    for (int64_t f = (b + 3) * 16; f < std::min<int64_t>((b + 6) * 16, S / 16 * 16); ++f)   // the next three blocks
+      prefetch_row(kb + f * D, D);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    for (int64_t k = 0; k < KS; ++k) {
+      if (!resident) _tile_loadd(6, w.qb.data() + k * 512, 64);
+      // (tile numbers are literals: the intrinsics paste them into the instruction)
+      _tile_loadd(3, keys(b) + 32 * k, D * 2);
+      if (k == 1 && resident) _tile_dpbf16ps(0, 3, 7); else _tile_dpbf16ps(0, 3, 6);
+      if (nt > 1) {
+        _tile_loadd(4, keys(b + 1) + 32 * k, D * 2);
+        if (k == 1 && resident) _tile_dpbf16ps(1, 4, 7); else _tile_dpbf16ps(1, 4, 6);
+      }
+      if (nt > 2) {
+        _tile_loadd(5, keys(b + 2) + 32 * k, D * 2);
+        if (k == 1 && resident) _tile_dpbf16ps(2, 5, 7); else _tile_dpbf16ps(2, 5, 6);
+      }
+    }
+    _tile_stored(0, w.sc.data() + b * 256, 64);
+    if (nt > 1) _tile_stored(1, w.sc.data() + (b + 1) * 256, 64);
+    if (nt > 2) _tile_stored(2, w.sc.data() + (b + 2) * 256, 64);
+  }
+  // each row's softmax over its visible slots in position order; p as bf16 rows [16, PW]
+  w.pb.assign(16 * PW, 0);
+  w.cs.resize(PW + 16);
+  w.iv.resize(16);
+  int64_t i0 = r0 / G, i1 = (r0 + nr - 1) / G + 1, nb = 0;   // the nodes with rows here, their blocks
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t i = (r0 + r) / G;
+    const auto& v = vis[i];
+    const int64_t nv = v.size(), same = tc.same[i];
+    const float* sr = w.sc.data() + r;   // slot s's score at sr[16 s]
+    float* cs = w.cs.data();
+    int64_t c = 0;
+    const __m512i ix = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(16));
+    for (; c + 16 <= same; c += 16) _mm512_storeu_ps(cs + c, _mm512_i32gather_ps(ix, sr + 16 * c, 4));
+    for (; c < nv; ++c) cs[c] = sr[16 * v[c]];
+    w.iv[r] = softmax_bf16(cs, nv, bias[i].empty() ? nullptr : bias[i].data(), w.pb.data() + r * PW);
+  }
+  for (int64_t i = i0; i < i1; ++i) nb = std::max<int64_t>(nb, (vis[i].size() + 31) / 32);
+  // p . v over blocks of 32 positions: a block where every node here that sees into it sees its own slots is one
+  // product for all rows (its value tiles made once per head), else one per node (its ancestors' values gathered,
+  // the other rows' p zero); tiles 0-3 the sums of four dim tiles, 4 p, 5 values
+  w.vt.resize(DT * 512);
+  w.pt.resize(16 * 32);
+  w.o.resize(16 * D);
+  std::vector<const C*> rows(32);
+  for (int64_t t0 = 0; t0 < DT; t0 += 4) {
+    const int64_t nt = std::min<int64_t>(4, DT - t0);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t b = 0; b < nb; ++b) {
+      bool shared = true;
+      for (int64_t i = i0; i < i1 && shared; ++i) shared = std::min<int64_t>(vis[i].size(), 32 * b + 32) <= tc.same[i];
+      if (shared) {
+        uint16_t* vb = w.vsh.data() + b * DT * 512;
+        if (!w.made[b]) {
+          for (int c = 0; c < 32; ++c) {
+            const int64_t s = 32 * b + c;
+            rows[c] = s < S ? vc + s * D : nullptr;
+            if (s + 32 < S) prefetch_row(vc + (s + 32) * D, D);
+          }
+          value_tiles(rows.data(), D, vb);
+          w.made[b] = 1;
+        }
+        _tile_loadd(4, w.pb.data() + 32 * b, PW * 2);
+        for (int64_t t = 0; t < nt; ++t) {
+          _tile_loadd(5, vb + (t0 + t) * 512, 64);
+          TDP_AT(t, 4, 5)
+        }
+        continue;
+      }
+      for (int64_t i = i0; i < i1; ++i) {
+        const auto& v = vis[i];
+        if ((int64_t)v.size() <= 32 * b) continue;
+        for (int c = 0; c < 32; ++c) rows[c] = 32 * b + c < (int64_t)v.size() ? vc + v[32 * b + c] * D : nullptr;
+        value_tiles(rows.data(), D, w.vt.data());
+        std::fill(w.pt.begin(), w.pt.end(), 0);
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = i * G + g - r0;
+          if (r >= 0 && r < 16) std::memcpy(w.pt.data() + r * 32, w.pb.data() + r * PW + 32 * b, 64);
+        }
+        _tile_loadd(4, w.pt.data(), 64);
+        for (int64_t t = 0; t < nt; ++t) {
+          _tile_loadd(5, w.vt.data() + (t0 + t) * 512, 64);
+          TDP_AT(t, 4, 5)
+        }
+      }
+    }
+    float* o = w.o.data() + t0 * 16;
+    _tile_stored(0, o, D * 4);
+    if (nt > 1) _tile_stored(1, o + 16, D * 4);
+    if (nt > 2) _tile_stored(2, o + 32, D * 4);
+    if (nt > 3) _tile_stored(3, o + 48, D * 4);
+  }
+  _tile_release();
+  for (int64_t r = 0; r < nr; ++r) {   // times 1 / sum, in the output's dtype
+    const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
+    T* dst = out + orow[i] * ors + (h * G + g) * D;
+    const __m512 s = _mm512_set1_ps(w.iv[r]);
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(w.o.data() + r * D + d), s);
+      if constexpr (std::is_same_v<T, float>)
+        _mm512_storeu_ps(dst + d, y);
+      else
+        v16_store(dst + d, y);
+    }
+  }
+}
+
+// a call's TileCall from its nodes' visible slots (the same in every layer: span_layers makes it once)
+static TileCall tile_call(const std::vector<std::vector<int64_t>>& vis, int64_t Hq, int64_t Hkv) {
+  TileCall tc;
+  tc.n = vis.size();
+  tc.G = Hq / Hkv;
+  tc.R = tc.n * tc.G;
+  tc.RB = (tc.R + 15) / 16;
+  tc.same.resize(tc.n);
+  for (int64_t i = 0; i < tc.n; ++i) {
+    const auto& v = vis[i];
+    tc.work += v.size();
+    tc.most = std::max<int64_t>(tc.most, v.size());
+    int64_t c = 0;
+    while (c < (int64_t)v.size() && v[c] == c) ++c;
+    tc.same[i] = c;
+    for (const int64_t s : v) tc.S = std::max(tc.S, s + 1);
+  }
+  return tc;
+}
+
+template <typename T, typename C>
+static void attend_tiles(const TileCall& tc, const Tensor& q, const C* kc, int64_t ks0, const C* vc, int64_t vs0,
+                         const std::vector<int64_t>& qrow, const std::vector<std::vector<int64_t>>& vis,
+                         const std::vector<std::vector<float>>& bias, T* out, int64_t ors,
+                         const std::vector<int64_t>& orow, int64_t Hq, int64_t Hkv, int64_t D) {
+  static std::atomic<int64_t> calls{0};
+  const int64_t call = calls++;
+  // units of (key/value head, 16 query rows); small calls (a decode step) on this thread
+  const int64_t units = Hkv * tc.RB, grain = tc.work * Hq * D < (1 << 17) ? units : 1;
+  at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+    thread_local TileScratch w;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t h = u / tc.RB, rb = u % tc.RB;
+      attend_rows_tiles(tc, call, w, q, kc + h * ks0, vc + h * vs0, h, rb, qrow, vis, bias, out, ors, orow, Hq, D);
+    }
+  });
+}
+
 static void attend_any(const Tensor& q, const Tensor& kr, const Tensor& vr, const std::vector<int64_t>& qrow,
                        const std::vector<std::vector<int64_t>>& vis, const std::vector<std::vector<float>>& bias,
-                       const Tensor& out, const std::vector<int64_t>& orow, int64_t Hq, int64_t Hkv, int64_t D) {
+                       const Tensor& out, const std::vector<int64_t>& orow, int64_t Hq, int64_t Hkv, int64_t D,
+                       bool half, const TileCall* plan = nullptr) {
   TORCH_CHECK(out.stride(-1) == 1, "attention output rows");
+  if (half && tile_attention_fits(D)) {
+    const TileCall tc = plan != nullptr ? TileCall() : tile_call(vis, Hq, Hkv);
+    const TileCall& t = plan != nullptr ? *plan : tc;
+    auto run = [&](auto* o) {
+      if (kr.scalar_type() == at::kBFloat16)
+        attend_tiles(t, q, kr.data_ptr<at::BFloat16>(), kr.stride(0), vr.data_ptr<at::BFloat16>(), vr.stride(0), qrow,
+                     vis, bias, o, out.stride(0), orow, Hq, Hkv, D);
+      else
+        attend_tiles(t, q, kr.data_ptr<float>(), kr.stride(0), vr.data_ptr<float>(), vr.stride(0), qrow, vis, bias,
+                     o, out.stride(0), orow, Hq, Hkv, D);
+    };
+    if (out.scalar_type() == at::kBFloat16)
+      run(out.data_ptr<at::BFloat16>());
+    else
+      run(out.data_ptr<float>());
+    return;
+  }
   if (out.scalar_type() == at::kBFloat16)
     attend_nodes(q, kr, vr, qrow, vis, bias, out.data_ptr<at::BFloat16>(), out.stride(0), orow, Hq, Hkv, D);
   else
@@ -1130,25 +1574,26 @@ static void tree_visible(const Tensor& gather, const Tensor& bias, int64_t n, in
 
 // Forward._attend's entries (the batched path's): -> false where the loop does not fit (ATen's ops then)
 static bool attend_chain(const Tensor& q, const Tensor& kr, const Tensor& vr, const Tensor& bias, int64_t S,
-                         const std::vector<int64_t>& qrow, const Tensor& out, const std::vector<int64_t>& orow) {
+                         const std::vector<int64_t>& qrow, const Tensor& out, const std::vector<int64_t>& orow,
+                         bool half) {
   const int64_t Hq = q.size(1), D = q.size(2), Hkv = kr.size(0);
-  if (!own_attention_fits(q, kr, D)) return false;
+  if (!own_attention_fits(q, kr, D, half)) return false;
   std::vector<std::vector<int64_t>> vis;
   std::vector<std::vector<float>> bs;
   chain_visible(bias, qrow.size(), S, vis, bs);
-  attend_any(q, kr, vr, qrow, vis, bs, out, orow, Hq, Hkv, D);
+  attend_any(q, kr, vr, qrow, vis, bs, out, orow, Hq, Hkv, D, half);
   return true;
 }
 
 static bool attend_tree(const Tensor& q, const Tensor& kr, const Tensor& vr, const Tensor& gather, const Tensor& bias,
                         int64_t base, const std::vector<int64_t>& qrow, const Tensor& out,
-                        const std::vector<int64_t>& orow) {
+                        const std::vector<int64_t>& orow, bool half) {
   const int64_t Hq = q.size(1), D = q.size(2), Hkv = kr.size(0);
-  if (!own_attention_fits(q, kr, D)) return false;
+  if (!own_attention_fits(q, kr, D, half)) return false;
   std::vector<std::vector<int64_t>> vis;
   std::vector<std::vector<float>> bs;
   tree_visible(gather, bias, qrow.size(), Hq / Hkv, base, vis, bs);
-  attend_any(q, kr, vr, qrow, vis, bs, out, orow, Hq, Hkv, D);
+  attend_any(q, kr, vr, qrow, vis, bs, out, orow, Hq, Hkv, D, half);
   return true;
 }
 
@@ -1172,6 +1617,7 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
     std::vector<int64_t> rows;
     std::vector<std::vector<int64_t>> vis;
     std::vector<std::vector<float>> bs;
+    TileCall tc;
   };
   std::vector<Seen> seen;
   for (size_t l = 0; l < L; ++l) {
@@ -1182,13 +1628,14 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
     auto att = many ? at::zeros({Np, Hq * D}, x.options()) : at::empty({Np, Hq * D}, x.options());
     TORCH_CHECK(qk.is_contiguous() && qk.scalar_type() == at::kFloat &&
                 (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat), "span_layers: bf16 or fp32");
-    const bool own = own_attention_fits(qk, kr, D);
+    const bool half = x.scalar_type() == at::kBFloat16, own = own_attention_fits(qk, kr, D, half);
     if (own && seen.empty()) {
       seen.resize(starts.size() + t_idx.size());
       for (size_t j = 0; j < starts.size(); ++j) {
         Seen& e = seen[j];
         for (int64_t i = 0; i < counts[j]; ++i) e.rows.push_back(starts[j] + i);
         chain_visible(biases[j], counts[j], key_lens[j], e.vis, e.bs);
+        e.tc = tile_call(e.vis, Hq, Hkv);
       }
       for (size_t j = 0; j < t_idx.size(); ++j) {   // t_first[j] >= 0: the nodes are queries a .. a + n - 1
         Seen& e = seen[starts.size() + j];
@@ -1196,13 +1643,14 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
         const Tensor idx = t_idx[j].to(at::kLong).contiguous();
         for (int64_t i = 0; i < n; ++i) e.rows.push_back(a >= 0 ? a + i : idx.data_ptr<int64_t>()[i]);
         tree_visible(t_gather[j], t_bias[j], n, Hq / Hkv, t_base[j], e.vis, e.bs);
+        e.tc = tile_call(e.vis, Hq, Hkv);
       }
     }
     for (size_t j = 0; j < starts.size(); ++j) {
       const int64_t a = starts[j], n = counts[j], S = key_lens[j];
       if (own) {
         const Seen& e = seen[j];
-        attend_any(qk, kr, vr, e.rows, e.vis, e.bs, att, e.rows, Hq, Hkv, D);
+        attend_any(qk, kr, vr, e.rows, e.vis, e.bs, att, e.rows, Hq, Hkv, D, half, &e.tc);
         continue;
       }
       auto k = kr.slice(1, 0, S).to(at::kFloat).unsqueeze(0), v = vr.slice(1, 0, S).to(at::kFloat).unsqueeze(0);
@@ -1216,7 +1664,7 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
       const int64_t a = t_first[j], n = t_idx[j].size(0);   // a >= 0: the nodes are queries a .. a + n - 1
       if (own) {
         const Seen& e = seen[starts.size() + j];
-        attend_any(qk, kr, vr, e.rows, e.vis, e.bs, att, e.rows, Hq, Hkv, D);
+        attend_any(qk, kr, vr, e.rows, e.vis, e.bs, att, e.rows, Hq, Hkv, D, half, &e.tc);
         continue;
       }
       auto q = a >= 0 ? qk.slice(0, a, a + n).slice(1, 0, Hq) : qk.slice(1, 0, Hq).index({t_idx[j]});
@@ -1635,6 +2083,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("draft_top", &draft_top, "(the k largest log-softmax values of each row of y [n, V], their indices)");
   m.def("own_attention", &own_attention, "the target's attention loop on, or off (ATen's ops); -> was it on");
   m.def("attend_chain", &attend_chain, "Forward._attend's chain rows through the attention loop (false: not here)");
+  m.def("tile_attention", &tile_attention, "whether a bf16 model's attention runs on AMX's tiles (on: set that first)",
+        py::arg("on") = py::none());
   m.def("attend_tree", &attend_tree, "Forward._attend's tree nodes through the attention loop (false: not here)");
   m.def("draft_loops_fit", &i8_kernel_ok, "whether this CPU runs the draft's loops (AVX-512 F, BW and VNNI)");
   m.def("dense", &dense, "forward._dense: a layer's product, the 4-bit kernel where its weight has one",
