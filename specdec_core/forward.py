@@ -29,7 +29,8 @@ deterministic inference) is what this file buys, and each choice below says what
     committed tokens only, rollback is setting a length); a tree node's ancestors sit at tree-order slots
     until compaction, so its scores are gathered into position order for the softmax, and its values are
     read in place where the product sums them in the same order (Forward._tree_attend).
-  * Attention runs in fp32, its query rows padded like any other product.
+  * Attention runs in fp32, its query rows padded like any other product (a bf16 model on a CPU with AMX: on
+    bf16 tiles over a bf16 cache, each tile element a function of its own row and column; docs/forward.md).
   * RoPE's cos/sin come from one table indexed by position, never recomputed per call.
   * Everything else is elementwise or a per-row reduction over a fixed width.
 

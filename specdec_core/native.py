@@ -21,7 +21,8 @@ through drafters/packed.mm; `int8_amx(False)` keeps VNNI's), EAGLE's level atten
 log-probs (`draft_top`). `draft_loops(False)` turns them off, so the bitwise tests compare ATen's ops op for op.
 The target's attention, too, runs as one loop per query (`own_attention`; docs/forward.md says why a query gets the
 same bits however it is batched, and forward.Forward._attend calls it for batches), which rounds differently from
-ATen's ops: `own_attention(False)` turns it off for the same bitwise tests.
+ATen's ops: `own_attention(False)` turns it off for the same bitwise tests. A bf16 model's runs on AMX's bf16 tiles
+where the CPU has them (`tile_attention`, over a bf16 cache: Forward.kv_dtype), the fp32 loop elsewhere.
 The bundled target's layer products can read its file's 4-bit blocks (q4.py: unpacked in registers into the same bf16
 weights, summed on AMX's tiles or AVX-512 BF16 dot products; `q4_products(False)` restores oneDNN's packed bf16
 product). RMSNorm's and SwiGLU's bf16 loops run 16 elements at a time with c10's rounding (the same bits).

@@ -260,3 +260,76 @@ def test_the_draft_top_k_is_the_log_softmax_top_k(ext, dtype):
         y = torch.zeros(1, 64)
         y[0, 9] = y[0, 40] = 1.0
         assert ext.draft_top(y, 3)[1].tolist() == [[9, 40, 0]]  # ties: the lower index first
+
+
+@pytest.fixture
+def tiles(ext):
+    """The target's attention on AMX's bf16 tiles (csrc/span.cpp's attend_tiles), or the test skips: a CPU without AMX
+    runs the fp32 loop, which the tests above and tests/test_forward.py cover."""
+    if not ext.tile_attention():
+        pytest.skip("this CPU runs no AMX tiles (the fp32 attention loop serves it)")
+    return ext
+
+
+def test_a_bf16_model_keeps_a_bf16_cache_only_where_the_tiles_read_it(bundled, bundled_fp32, tiles):
+    assert bundled.fwd.kv_dtype() == torch.bfloat16 and bundled.new_cache().kv.dtype == torch.bfloat16
+    assert bundled_fp32.fwd.kv_dtype() == torch.float32          # an fp32 model: the fp32 loop, an fp32 cache
+    tiles.tile_attention(False)
+    try:
+        assert bundled.fwd.kv_dtype() == torch.float32
+    finally:
+        tiles.tile_attention(True)
+
+
+def test_the_tiles_give_the_same_bits_from_a_bf16_or_an_fp32_cache(bundled, tiles, monkeypatch):
+    """Keys rounded to bf16 as the bf16 cache stores them, values bf16 numbers either way: a prefill, a chunk,
+    decode steps, a verify of 16 and trees (inside a key block and across one) give the same logits and hidden
+    states from either cache."""
+    ids = bundled.encode("def area(r):\n    return 3.14159 * r * r\n\n" * 16).tolist()
+    runs = []
+    for dt in (torch.bfloat16, torch.float32):
+        monkeypatch.setattr(bundled.fwd, "kv_dtype", lambda dt=dt: dt)
+        out, kv = calls(bundled, ids)
+        assert kv.dtype == dt
+        runs.append((out, kv))
+    (a, ka), (b, kb) = runs
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert torch.equal(x, y), f"call {i}"
+    assert torch.equal(ka.float(), kb.to(torch.bfloat16).float())
+
+
+def test_the_tiles_round_as_bf16_attention_does_and_no_further(bundled, tiles):
+    """Against the fp32 loop (tiles off, an fp32 cache): logits within what rounding q, k and p to bf16 moves them
+    by, and the same greedy token at nearly every position of a long prefill."""
+    ids = torch.tensor(bundled.encode("The committee met on Tuesday to review the budget. " * 12).tolist()[:160])
+    out = {}
+    for on in (True, False):
+        tiles.tile_attention(on)
+        try:
+            out[on] = bundled.forward(ids, bundled.new_cache())
+        finally:
+            tiles.tile_attention(True)
+    a, b = out[True], out[False]
+    assert not torch.equal(a, b)                     # the tiles really ran (bf16 rounding moves the last bits)
+    assert (a - b).abs().mean() < 0.05 * b.abs().mean()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.95
+
+
+def test_a_last_key_block_past_the_cache_end_is_read_as_zeros(tiles):
+    """S not a multiple of 16 and a cache that ends at S: the tiles read the last block from a padded copy, not past
+    the tensor; the output equals the same keys in a longer cache (whose extra slots hold other numbers)."""
+    g = torch.Generator().manual_seed(3)
+    Hq, Hkv, D, S, n = 9, 3, 64, 37, 4
+    q = torch.randn(n, Hq, D, generator=g) * 0.125
+    kv = torch.randn(2, Hkv, S, D, generator=g).to(torch.bfloat16)
+    big = torch.randn(2, Hkv, S + 40, D, generator=g).to(torch.bfloat16)
+    big[:, :, :S] = kv
+    bias = torch.zeros(n, S)
+    for j in range(n):                                 # node j at position S - n + j sees the slots up to itself
+        bias[j, S - n + j + 1:] = float("-inf")
+    outs = []
+    for k, v in ((kv[0], kv[1]), (big[0], big[1])):
+        out = torch.zeros(n, Hq * D)
+        assert tiles.attend_chain(q, k, v, bias, S, list(range(n)), out, list(range(n)), True)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]) and outs[0].abs().sum() > 0

@@ -1247,8 +1247,8 @@ AMX_TARGET static void value_tiles(const C* const* rows, int64_t D, uint16_t* vt
   }
 }
 
-// softmax_in's numbers (the same operations in the same order) with e^(s - max) rounded to bf16 into p (zeros up
-// to a multiple of 32) instead of back into s; -> 1 / their fp32 sum
+// a row's softmax numbers for the tiles: bias added, the max, e^(s - max) (softmax_in's operations), rounded to bf16
+// into p (zeros up to a multiple of 32); -> 1 / the fp32 sum of the e's taken one at a time in position order
 AMX_TARGET static float softmax_bf16(float* s, int64_t nv, const float* bias, uint16_t* p) {
   __m512 top = _mm512_set1_ps(-INFINITY);
   for (int64_t c = 0; c < nv; c += 16) {
@@ -1261,19 +1261,20 @@ AMX_TARGET static float softmax_bf16(float* s, int64_t nv, const float* bias, ui
     top = _mm512_mask_max_ps(top, mk, top, v);
   }
   const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-  __m512 sum = _mm512_setzero_ps();
   auto e16 = [&](int64_t c) AMX_TARGET {   // lanes past nv: 0
     if (c >= nv) return _mm512_setzero_ps();
     const __mmask16 mk = nv - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nv - c)) - 1);
-    const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + c), mxv)));
-    sum = _mm512_add_ps(sum, e);
-    return e;
+    return _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + c), mxv)));
   };
   for (int64_t c = 0; c < nv; c += 32) {
     const __m512 lo = e16(c), hi = e16(c + 16);
+    _mm512_storeu_ps(s + c, lo);   // s [nv rounded up to 16 + 16]
+    _mm512_storeu_ps(s + c + 16, hi);
     _mm512_storeu_si512((void*)(p + c), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
   }
-  return 1.f / _mm512_reduce_add_ps(sum);
+  float sum = 0.f;   // in position order, one at a time: a row's sum is the same in lanes (attend_lanes)
+  for (int64_t c = 0; c < nv; ++c) sum += s[c];
+  return 1.f / sum;
 }
 
 // what every head of a call shares: the slots read [0, S), the longest visible run, and per node the first position
@@ -1285,9 +1286,9 @@ struct TileCall {
 
 // a thread's scratch, kept between calls; the key and shared value tiles belong to (call, head)
 struct TileScratch {
-  std::vector<uint16_t> qb, kt, pb, vsh, vt, pt;
-  std::vector<float> sc, o, cs, iv;
-  std::vector<char> made;
+  std::vector<uint16_t> qb, kt, pb, vsh, vt, pt, vsht, vtt, pl;
+  std::vector<float> sc, o, cs, iv, st;
+  std::vector<char> made, madet;
   int64_t call = -1, head = -1;
 };
 
@@ -1298,6 +1299,176 @@ struct TileScratch {
     case 2: _tile_dpbf16ps(2, a, b); break; \
     default: _tile_dpbf16ps(3, a, b); break; \
   }
+
+// a value block's tiles (value_tiles) transposed into p . v's other operand: 16 dims x 16 position pairs
+AMX_TARGET static void transpose_tiles(const uint16_t* vt, int64_t DT, uint16_t* out) {
+  for (int64_t t = 0; t < DT; ++t) {
+    __m512i x[16];
+    for (int j = 0; j < 16; ++j) x[j] = _mm512_loadu_si512((const void*)(vt + (t * 16 + j) * 32));
+    transpose16(x);
+    for (int d = 0; d < 16; ++d) _mm512_storeu_si512((void*)(out + (t * 16 + d) * 32), x[d]);
+  }
+}
+
+// The rows' path below with the rows in lanes (8 or more rows): the scores as the score tiles hold them (a key's 16
+// rows side by side), one position at a time for all rows: the bias, the max, e^(s - max) and each row's sum in
+// position order are the rows' path's operations on the same numbers; then p . v as its transpose (16 dims x 16 rows:
+// the values' tiles transposed, p's pairs of positions straight from the lanes). A tile element sums the same
+// products in the same order either way, so a row gets the same bits in either path.
+template <typename T, typename C>
+AMX_TARGET static void attend_lanes(const TileCall& tc, TileScratch& w, const C* kc, const C* vc,
+                                    const std::vector<std::vector<int64_t>>& vis,
+                                    const std::vector<std::vector<float>>& bias, T* out, int64_t ors,
+                                    const std::vector<int64_t>& orow, int64_t h, int64_t r0, int64_t nr, int64_t D) {
+  const int64_t S = tc.S, G = tc.G, DT = D / 16, NB = (tc.most + 31) / 32;
+  alignas(64) int32_t nvr[16] = {}, samer[16] = {};
+  const int64_t* visr[16] = {};
+  const float* biasr[16] = {};
+  __mmask16 hasb = 0;
+  int64_t most = 0, minsame = INT64_MAX;
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t i = (r0 + r) / G;
+    nvr[r] = vis[i].size();
+    samer[r] = tc.same[i];
+    visr[r] = vis[i].data();
+    biasr[r] = bias[i].empty() ? nullptr : bias[i].data();
+    if (biasr[r] != nullptr) hasb |= (__mmask16)(1u << r);
+    most = std::max<int64_t>(most, nvr[r]);
+    minsame = std::min<int64_t>(minsame, samer[r]);
+  }
+  const int64_t nb = (most + 31) / 32;
+  const __m512i nvv = _mm512_load_si512(nvr);
+  const float* sc = w.sc.data();
+  w.st.resize(nb * 32 * 16);
+  float* st = w.st.data();
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 mx = ninf;
+  for (int64_t c = 0; c < most; ++c) {   // row r's score at position c: slot c, or its ancestor's slot
+    const __mmask16 mk = _mm512_cmpgt_epi32_mask(nvv, _mm512_set1_epi32(c));
+    __m512 x;
+    if (c < minsame) {
+      x = _mm512_loadu_ps(sc + c * 16);
+    } else {
+      alignas(64) int32_t ix[16];
+      for (int r = 0; r < 16; ++r)
+        ix[r] = static_cast<int32_t>((r < nr && c < nvr[r] && c >= samer[r] ? visr[r][c] : c) * 16 + r);
+      x = _mm512_mask_i32gather_ps(ninf, mk, _mm512_load_si512(ix), sc, 4);
+    }
+    const __mmask16 mb = hasb & mk;
+    if (mb) {
+      alignas(64) float bv[16] = {};
+      for (int r = 0; r < nr; ++r)
+        if ((mb >> r) & 1) bv[r] = biasr[r][c];
+      x = _mm512_mask_add_ps(x, mb, x, _mm512_load_ps(bv));
+    }
+    x = _mm512_mask_mov_ps(ninf, mk, x);
+    _mm512_storeu_ps(st + c * 16, x);
+    mx = _mm512_mask_max_ps(mx, mk, mx, x);
+  }
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t c = 0; c < most; ++c) {
+    const __mmask16 mk = _mm512_cmpgt_epi32_mask(nvv, _mm512_set1_epi32(c));
+    const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_loadu_ps(st + c * 16), mx)));
+    sum = _mm512_add_ps(sum, e);   // each lane: its row's e's in position order, one at a time
+    _mm512_storeu_ps(st + c * 16, e);
+  }
+  std::fill(st + most * 16, st + nb * 32 * 16, 0.f);
+  const __m512 iv = _mm512_div_ps(_mm512_set1_ps(1.f), sum);
+  // p's pairs of positions as tiles [nb][16 lines][16 rows x 2]
+  w.pl.resize(nb * 512);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < 16; ++j)
+      _mm512_storeu_si512((void*)(w.pl.data() + b * 512 + j * 32),
+                          bf16_pairs(st + (32 * b + 2 * j) * 16, st + (32 * b + 2 * j + 1) * 16));
+  const int64_t i0 = r0 / G, i1 = (r0 + nr - 1) / G + 1;
+  w.vt.resize(DT * 512);
+  w.vtt.resize(DT * 512);
+  w.pt.resize(512);
+  w.o.resize(DT * 256);
+  const C* rows[32];
+  for (int64_t t0 = 0; t0 < DT; t0 += 4) {
+    const int64_t nt = std::min<int64_t>(4, DT - t0);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t b = 0; b < nb; ++b) {
+      bool shared = true;
+      for (int64_t i = i0; i < i1 && shared; ++i) shared = std::min<int64_t>(vis[i].size(), 32 * b + 32) <= tc.same[i];
+      if (shared) {
+        uint16_t* vb = w.vsht.data() + b * DT * 512;
+        if (!w.madet[b]) {
+          if (!w.made[b]) {
+            for (int c = 0; c < 32; ++c) {
+              const int64_t s = 32 * b + c;
+              rows[c] = s < S ? vc + s * D : nullptr;
+              if (s + 32 < S) prefetch_row(vc + (s + 32) * D, D);
+            }
+            value_tiles(rows, D, w.vsh.data() + b * DT * 512);
+            w.made[b] = 1;
+          }
+          transpose_tiles(w.vsh.data() + b * DT * 512, DT, vb);
+          w.madet[b] = 1;
+        }
+        _tile_loadd(4, w.pl.data() + b * 512, 64);
+        for (int64_t t = 0; t < nt; ++t) {
+          _tile_loadd(5, vb + (t0 + t) * 512, 64);
+          switch (t) {
+            case 0: _tile_dpbf16ps(0, 5, 4); break;
+            case 1: _tile_dpbf16ps(1, 5, 4); break;
+            case 2: _tile_dpbf16ps(2, 5, 4); break;
+            default: _tile_dpbf16ps(3, 5, 4); break;
+          }
+        }
+        continue;
+      }
+      for (int64_t i = i0; i < i1; ++i) {   // each node's own: its ancestors' values, its rows' p only
+        const auto& v = vis[i];
+        if ((int64_t)v.size() <= 32 * b) continue;
+        for (int c = 0; c < 32; ++c) rows[c] = 32 * b + c < (int64_t)v.size() ? vc + v[32 * b + c] * D : nullptr;
+        value_tiles(rows, D, w.vt.data());
+        transpose_tiles(w.vt.data(), DT, w.vtt.data());
+        __mmask16 own = 0;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = i * G + g - r0;
+          if (r >= 0 && r < 16) own |= (__mmask16)(1u << r);
+        }
+        for (int j = 0; j < 16; ++j)
+          _mm512_storeu_si512((void*)(w.pt.data() + j * 32),
+                              _mm512_maskz_mov_epi32(own, _mm512_loadu_si512((const void*)(w.pl.data() + b * 512 + j * 32))));
+        _tile_loadd(4, w.pt.data(), 64);
+        for (int64_t t = 0; t < nt; ++t) {
+          _tile_loadd(5, w.vtt.data() + (t0 + t) * 512, 64);
+          switch (t) {
+            case 0: _tile_dpbf16ps(0, 5, 4); break;
+            case 1: _tile_dpbf16ps(1, 5, 4); break;
+            case 2: _tile_dpbf16ps(2, 5, 4); break;
+            default: _tile_dpbf16ps(3, 5, 4); break;
+          }
+        }
+      }
+    }
+    float* o = w.o.data() + t0 * 256;   // [dim tile][16 dims][16 rows]
+    _tile_stored(0, o, 64);
+    if (nt > 1) _tile_stored(1, o + 256, 64);
+    if (nt > 2) _tile_stored(2, o + 512, 64);
+    if (nt > 3) _tile_stored(3, o + 768, 64);
+  }
+  for (int64_t t = 0; t < DT; ++t) {   // times 1 / sum (a row's lane), back to rows, in the output's dtype
+    __m512i x[16];
+    for (int d = 0; d < 16; ++d)
+      x[d] = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(w.o.data() + (t * 16 + d) * 16), iv));
+    transpose16(x);
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
+      T* dst = out + orow[i] * ors + (h * G + g) * D + 16 * t;
+      if constexpr (std::is_same_v<T, float>)
+        _mm512_storeu_ps(dst, _mm512_castsi512_ps(x[r]));
+      else
+        v16_store(dst, _mm512_castsi512_ps(x[r]));
+    }
+  }
+}
 
 // rows rb 16 .. rb 16 + 15 (node i's heads h G + g are rows i G + g) of key/value head h
 template <typename T, typename C>
@@ -1311,6 +1482,8 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
   if (w.call != call || w.head != h) {   // no value tiles made yet for this head
     w.vsh.resize(NB * DT * 512);
     w.made.assign(NB, 0);
+    w.vsht.resize(NB * DT * 512);
+    w.madet.assign(NB, 0);
     w.call = call;
     w.head = h;
   }
@@ -1370,9 +1543,14 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
     if (nt > 1) _tile_stored(1, w.sc.data() + (b + 1) * 256, 64);
     if (nt > 2) _tile_stored(2, w.sc.data() + (b + 2) * 256, 64);
   }
+  if (nr >= 8) {
+    attend_lanes(tc, w, kc, vc, vis, bias, out, ors, orow, h, r0, nr, D);
+    _tile_release();
+    return;
+  }
   // each row's softmax over its visible slots in position order; p as bf16 rows [16, PW]
   w.pb.assign(16 * PW, 0);
-  w.cs.resize(PW + 16);
+  w.cs.resize(PW + 32);
   w.iv.resize(16);
   int64_t i0 = r0 / G, i1 = (r0 + nr - 1) / G + 1, nb = 0;   // the nodes with rows here, their blocks
   for (int64_t r = 0; r < nr; ++r) {
