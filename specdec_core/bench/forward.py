@@ -2,8 +2,8 @@
 
 Two tables, every figure a median of interleaved repetitions (A, B, A, B, ...), so a busy machine slows both
 sides alike:
-  1. ms per forward of q = 1, 2, 4, 8, 16 new tokens after a context of ~200 (the cache rolled back each time):
-     a decode step is q = 1, a verify step of k drafts is q = k + 1.
+  1. ms per forward of q = 1, 2, 4, 8, 16 new tokens after a context of ~200 (the cache rolled back each time;
+     every q in each repetition): a decode step is q = 1, a verify step of k drafts is q = k + 1.
   2. greedy tokens/s over N new tokens: our plain decoding, transformers' `generate`, transformers' prompt
      lookup, and our engine with each drafter; speedups against our plain decoding and against `generate`.
 """
@@ -22,29 +22,29 @@ from ..models import LM, load
 
 def forward_ms(lms: dict[str, LM], context: list[int], qs=(1, 2, 4, 8, 16), reps: int = 15, warm: int = 2,
                device: str = "cpu") -> list[dict]:
-    """Per forward: name -> q -> ms, the forwards interleaved rep by rep (the cache rolled back each time); the
-    first `warm` reps warm the shapes up; on CUDA each forward is timed between synchronizations."""
+    """Per forward: name -> q -> ms, every (q, forward) pair once in each repetition (the cache rolled back each
+    time), so ratios between q's are side by side; the first `warm` reps warm the shapes up; on CUDA each forward is
+    timed between synchronizations."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     caches = {}
     for name, lm in lms.items():
         c = lm.new_cache()
         lm.forward(torch.tensor(context), c)
         caches[name] = c
-    rows = []
-    for q in qs:
-        ids = torch.tensor(context[:q])
-        samples = {name: [] for name in lms}
-        for _ in range(reps + warm):
+    samples = {(q, name): [] for q in qs for name in lms}
+    for _ in range(reps + warm):          # every q and forward in each repetition: a drifting host moves all alike
+        for q in qs:
+            ids = torch.tensor(context[:q])
             for name, lm in lms.items():
                 c = caches[name]
                 sync()
                 t = time.perf_counter()
                 lm.forward(ids, c)
                 sync()
-                samples[name].append(time.perf_counter() - t)
+                samples[(q, name)].append(time.perf_counter() - t)
                 c.crop(-q)
-        rows.append({"q": q} | {f"{name}_ms": statistics.median(s[warm:]) * 1e3 for name, s in samples.items()})
-    return rows
+    return [{"q": q} | {f"{name}_ms": statistics.median(samples[(q, name)][warm:]) * 1e3 for name in lms}
+            for q in qs]
 
 
 def _hf_generate(lm: LM, ids: torch.Tensor, n: int, lookup: int = 0) -> list[int]:
