@@ -993,12 +993,11 @@ static bool own_attention_fits(const Tensor& q, const Tensor& kr, int64_t D, boo
          q.stride(-1) == 1 && q.stride(-2) == D && cache && kr.stride(-1) == 1 && kr.stride(-2) == D;
 }
 
-// a query head's nv scores s (bias[c] added where given) -> e^(s - max) in place; -> 1 / their sum in 16 lanes
-I8_TARGET static inline __m512 softmax_in(float* s, int64_t nv, const float* bias) {
-  const __m512 z = _mm512_setzero_ps();
-  __m512 top = _mm512_set1_ps(-INFINITY);   // the max is the max in any order (a zero's sign changes no e^(s - max))
-  int64_t c;
-  for (c = 0; c < nv; c += 16) {
+// a row's nv scores s with bias[c] added in place where given -> their max in 16 lanes (the max in any order: a
+// zero's sign changes no e^(s - max))
+V16_TARGET static inline __m512 biased_max(float* s, int64_t nv, const float* bias) {
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  for (int64_t c = 0; c < nv; c += 16) {
     const __mmask16 mk = nv - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nv - c)) - 1);
     __m512 v = _mm512_maskz_loadu_ps(mk, s + c);
     if (bias != nullptr) {
@@ -1008,6 +1007,14 @@ I8_TARGET static inline __m512 softmax_in(float* s, int64_t nv, const float* bia
     top = _mm512_mask_max_ps(top, mk, top, v);
   }
   const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  return mxv;
+}
+
+// a query head's nv scores s (bias[c] added where given) -> e^(s - max) in place; -> 1 / their sum in 16 lanes
+I8_TARGET static inline __m512 softmax_in(float* s, int64_t nv, const float* bias) {
+  const __m512 z = _mm512_setzero_ps();
+  const __m512 mxv = biased_max(s, nv, bias);
+  int64_t c;
   __m512 sum = z;
   for (c = 0; c + 16 <= nv; c += 16) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c), mxv));
@@ -1250,17 +1257,7 @@ AMX_TARGET static void value_tiles(const C* const* rows, int64_t D, uint16_t* vt
 // a row's softmax numbers for the tiles: bias added, the max, e^(s - max) (softmax_in's operations), rounded to bf16
 // into p (zeros up to a multiple of 32); -> 1 / the fp32 sum of the e's taken one at a time in position order
 AMX_TARGET static float softmax_bf16(float* s, int64_t nv, const float* bias, uint16_t* p) {
-  __m512 top = _mm512_set1_ps(-INFINITY);
-  for (int64_t c = 0; c < nv; c += 16) {
-    const __mmask16 mk = nv - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nv - c)) - 1);
-    __m512 v = _mm512_maskz_loadu_ps(mk, s + c);
-    if (bias != nullptr) {
-      v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + c));
-      _mm512_mask_storeu_ps(s + c, mk, v);
-    }
-    top = _mm512_mask_max_ps(top, mk, top, v);
-  }
-  const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  const __m512 mxv = biased_max(s, nv, bias);
   auto e16 = [&](int64_t c) AMX_TARGET {   // lanes past nv: 0
     if (c >= nv) return _mm512_setzero_ps();
     const __mmask16 mk = nv - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nv - c)) - 1);
@@ -1292,14 +1289,6 @@ struct TileScratch {
   int64_t call = -1, head = -1;
 };
 
-#define TDP_AT(c, a, b) \
-  switch (c) {          \
-    case 0: _tile_dpbf16ps(0, a, b); break; \
-    case 1: _tile_dpbf16ps(1, a, b); break; \
-    case 2: _tile_dpbf16ps(2, a, b); break; \
-    default: _tile_dpbf16ps(3, a, b); break; \
-  }
-
 // a value block's tiles (value_tiles) transposed into p . v's other operand: 16 dims x 16 position pairs
 AMX_TARGET static void transpose_tiles(const uint16_t* vt, int64_t DT, uint16_t* out) {
   for (int64_t t = 0; t < DT; ++t) {
@@ -1307,6 +1296,127 @@ AMX_TARGET static void transpose_tiles(const uint16_t* vt, int64_t DT, uint16_t*
     for (int j = 0; j < 16; ++j) x[j] = _mm512_loadu_si512((const void*)(vt + (t * 16 + j) * 32));
     transpose16(x);
     for (int d = 0; d < 16; ++d) _mm512_storeu_si512((void*)(out + (t * 16 + d) * 32), x[d]);
+  }
+}
+
+// a shared block b's value tiles, made once per (call, head) on this thread: as value_tiles lays them (the rows'
+// path) or transposed (the lanes')
+template <bool LANES, typename C>
+AMX_TARGET static const uint16_t* shared_values(TileScratch& w, int64_t b, const C* vc, int64_t S, int64_t D) {
+  const int64_t DT = D / 16;
+  uint16_t* vb = w.vsh.data() + b * DT * 512;
+  if (!w.made[b]) {
+    const C* rows[32];
+    for (int c = 0; c < 32; ++c) {
+      const int64_t s = 32 * b + c;
+      rows[c] = s < S ? vc + s * D : nullptr;
+      if (s + 32 < S) prefetch_row(vc + (s + 32) * D, D);
+    }
+    value_tiles(rows, D, vb);
+    w.made[b] = 1;
+  }
+  if constexpr (!LANES) {
+    return vb;
+  } else {
+    uint16_t* vt = w.vsht.data() + b * DT * 512;
+    if (!w.madet[b]) {
+      transpose_tiles(vb, DT, vt);
+      w.madet[b] = 1;
+    }
+    return vt;
+  }
+}
+
+// sum tile t += p (tile 4) and values (tile 5): rows x dims in the rows' path, dims x rows in the lanes'
+template <bool LANES>
+AMX_TARGET static inline void pv_product(int64_t t) {
+  if constexpr (LANES) {
+    switch (t) {   // tile numbers are literals: the intrinsics paste them into the instruction
+      case 0: _tile_dpbf16ps(0, 5, 4); break;
+      case 1: _tile_dpbf16ps(1, 5, 4); break;
+      case 2: _tile_dpbf16ps(2, 5, 4); break;
+      default: _tile_dpbf16ps(3, 5, 4); break;
+    }
+  } else {
+    switch (t) {
+      case 0: _tile_dpbf16ps(0, 4, 5); break;
+      case 1: _tile_dpbf16ps(1, 4, 5); break;
+      case 2: _tile_dpbf16ps(2, 4, 5); break;
+      default: _tile_dpbf16ps(3, 4, 5); break;
+    }
+  }
+}
+
+// p . v for rows r0 .. r0 + 15 (nodes i0 .. i1 - 1) over nb blocks of 32 positions: a block where every node here that
+// sees into it sees its own slots is one product for all rows, else one per node (its ancestors' values gathered,
+// the other rows' p zero). p: the rows' [16, pw] bf16 (rows' path) or the lanes' pair tiles [nb][512]; the sums
+// into o: [16 rows, D] (rows) or [D / 16][16 dims][16 rows] (lanes). Tiles 0-3 the sums of four dim tiles, 4 p,
+// 5 values.
+template <bool LANES, typename C>
+AMX_TARGET static void pv_tiles(const TileCall& tc, TileScratch& w, const C* vc,
+                                const std::vector<std::vector<int64_t>>& vis, int64_t r0, int64_t i0, int64_t i1,
+                                int64_t nb, int64_t D, const uint16_t* p, int64_t pw, float* o) {
+  const int64_t DT = D / 16, G = tc.G;
+  w.vt.resize(DT * 512);
+  w.vtt.resize(DT * 512);
+  w.pt.resize(512);
+  for (int64_t t0 = 0; t0 < DT; t0 += 4) {
+    const int64_t nt = std::min<int64_t>(4, DT - t0);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t b = 0; b < nb; ++b) {
+      bool shared = true;
+      for (int64_t i = i0; i < i1 && shared; ++i) shared = std::min<int64_t>(vis[i].size(), 32 * b + 32) <= tc.same[i];
+      if (shared) {
+        const uint16_t* vb = shared_values<LANES>(w, b, vc, tc.S, D);
+        if constexpr (LANES)
+          _tile_loadd(4, p + b * 512, 64);
+        else
+          _tile_loadd(4, p + 32 * b, pw * 2);
+        for (int64_t t = 0; t < nt; ++t) {
+          _tile_loadd(5, vb + (t0 + t) * 512, 64);
+          pv_product<LANES>(t);
+        }
+        continue;
+      }
+      for (int64_t i = i0; i < i1; ++i) {   // each node's own
+        const auto& v = vis[i];
+        if ((int64_t)v.size() <= 32 * b) continue;
+        const C* rows[32];
+        for (int c = 0; c < 32; ++c) rows[c] = 32 * b + c < (int64_t)v.size() ? vc + v[32 * b + c] * D : nullptr;
+        value_tiles(rows, D, w.vt.data());
+        const uint16_t* vb = w.vt.data();
+        if constexpr (LANES) {
+          transpose_tiles(w.vt.data(), DT, w.vtt.data());
+          vb = w.vtt.data();
+        }
+        __mmask16 own = 0;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = i * G + g - r0;
+          if (r >= 0 && r < 16) own |= (__mmask16)(1u << r);
+        }
+        for (int j = 0; j < 16; ++j) {   // lanes: line j's dwords are rows; rows' path: row j's 32 positions
+          const __m512i x = _mm512_loadu_si512((const void*)(LANES ? p + b * 512 + j * 32 : p + j * pw + 32 * b));
+          const bool keep = (own >> j) & 1;
+          _mm512_storeu_si512((void*)(w.pt.data() + j * 32),
+                              LANES ? _mm512_maskz_mov_epi32(own, x) : (keep ? x : _mm512_setzero_si512()));
+        }
+        _tile_loadd(4, w.pt.data(), 64);
+        for (int64_t t = 0; t < nt; ++t) {
+          _tile_loadd(5, vb + (t0 + t) * 512, 64);
+          pv_product<LANES>(t);
+        }
+      }
+    }
+    float* ot = LANES ? o + t0 * 256 : o + t0 * 16;
+    const int64_t os = LANES ? 64 : D * 4;
+    const int64_t step = LANES ? 256 : 16;
+    _tile_stored(0, ot, os);
+    if (nt > 1) _tile_stored(1, ot + step, os);
+    if (nt > 2) _tile_stored(2, ot + 2 * step, os);
+    if (nt > 3) _tile_stored(3, ot + 3 * step, os);
   }
 }
 
@@ -1381,80 +1491,8 @@ AMX_TARGET static void attend_lanes(const TileCall& tc, TileScratch& w, const C*
     for (int j = 0; j < 16; ++j)
       _mm512_storeu_si512((void*)(w.pl.data() + b * 512 + j * 32),
                           bf16_pairs(st + (32 * b + 2 * j) * 16, st + (32 * b + 2 * j + 1) * 16));
-  const int64_t i0 = r0 / G, i1 = (r0 + nr - 1) / G + 1;
-  w.vt.resize(DT * 512);
-  w.vtt.resize(DT * 512);
-  w.pt.resize(512);
   w.o.resize(DT * 256);
-  const C* rows[32];
-  for (int64_t t0 = 0; t0 < DT; t0 += 4) {
-    const int64_t nt = std::min<int64_t>(4, DT - t0);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t b = 0; b < nb; ++b) {
-      bool shared = true;
-      for (int64_t i = i0; i < i1 && shared; ++i) shared = std::min<int64_t>(vis[i].size(), 32 * b + 32) <= tc.same[i];
-      if (shared) {
-        uint16_t* vb = w.vsht.data() + b * DT * 512;
-        if (!w.madet[b]) {
-          if (!w.made[b]) {
-            for (int c = 0; c < 32; ++c) {
-              const int64_t s = 32 * b + c;
-              rows[c] = s < S ? vc + s * D : nullptr;
-              if (s + 32 < S) prefetch_row(vc + (s + 32) * D, D);
-            }
-            value_tiles(rows, D, w.vsh.data() + b * DT * 512);
-            w.made[b] = 1;
-          }
-          transpose_tiles(w.vsh.data() + b * DT * 512, DT, vb);
-          w.madet[b] = 1;
-        }
-        _tile_loadd(4, w.pl.data() + b * 512, 64);
-        for (int64_t t = 0; t < nt; ++t) {
-          _tile_loadd(5, vb + (t0 + t) * 512, 64);
-          switch (t) {
-            case 0: _tile_dpbf16ps(0, 5, 4); break;
-            case 1: _tile_dpbf16ps(1, 5, 4); break;
-            case 2: _tile_dpbf16ps(2, 5, 4); break;
-            default: _tile_dpbf16ps(3, 5, 4); break;
-          }
-        }
-        continue;
-      }
-      for (int64_t i = i0; i < i1; ++i) {   // each node's own: its ancestors' values, its rows' p only
-        const auto& v = vis[i];
-        if ((int64_t)v.size() <= 32 * b) continue;
-        for (int c = 0; c < 32; ++c) rows[c] = 32 * b + c < (int64_t)v.size() ? vc + v[32 * b + c] * D : nullptr;
-        value_tiles(rows, D, w.vt.data());
-        transpose_tiles(w.vt.data(), DT, w.vtt.data());
-        __mmask16 own = 0;
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t r = i * G + g - r0;
-          if (r >= 0 && r < 16) own |= (__mmask16)(1u << r);
-        }
-        for (int j = 0; j < 16; ++j)
-          _mm512_storeu_si512((void*)(w.pt.data() + j * 32),
-                              _mm512_maskz_mov_epi32(own, _mm512_loadu_si512((const void*)(w.pl.data() + b * 512 + j * 32))));
-        _tile_loadd(4, w.pt.data(), 64);
-        for (int64_t t = 0; t < nt; ++t) {
-          _tile_loadd(5, w.vtt.data() + (t0 + t) * 512, 64);
-          switch (t) {
-            case 0: _tile_dpbf16ps(0, 5, 4); break;
-            case 1: _tile_dpbf16ps(1, 5, 4); break;
-            case 2: _tile_dpbf16ps(2, 5, 4); break;
-            default: _tile_dpbf16ps(3, 5, 4); break;
-          }
-        }
-      }
-    }
-    float* o = w.o.data() + t0 * 256;   // [dim tile][16 dims][16 rows]
-    _tile_stored(0, o, 64);
-    if (nt > 1) _tile_stored(1, o + 256, 64);
-    if (nt > 2) _tile_stored(2, o + 512, 64);
-    if (nt > 3) _tile_stored(3, o + 768, 64);
-  }
+  pv_tiles<true>(tc, w, vc, vis, r0, r0 / G, (r0 + nr - 1) / G + 1, nb, D, w.pl.data(), 0, w.o.data());
   for (int64_t t = 0; t < DT; ++t) {   // times 1 / sum (a row's lane), back to rows, in the output's dtype
     __m512i x[16];
     for (int d = 0; d < 16; ++d)
@@ -1573,63 +1611,8 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
     w.iv[r] = softmax_bf16(cs, nv, bias[i].empty() ? nullptr : bias[i].data(), w.pb.data() + r * PW);
   }
   for (int64_t i = i0; i < i1; ++i) nb = std::max<int64_t>(nb, (vis[i].size() + 31) / 32);
-  // p . v over blocks of 32 positions: a block where every node here that sees into it sees its own slots is one
-  // product for all rows (its value tiles made once per head), else one per node (its ancestors' values gathered,
-  // the other rows' p zero); tiles 0-3 the sums of four dim tiles, 4 p, 5 values
-  w.vt.resize(DT * 512);
-  w.pt.resize(16 * 32);
   w.o.resize(16 * D);
-  std::vector<const C*> rows(32);
-  for (int64_t t0 = 0; t0 < DT; t0 += 4) {
-    const int64_t nt = std::min<int64_t>(4, DT - t0);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t b = 0; b < nb; ++b) {
-      bool shared = true;
-      for (int64_t i = i0; i < i1 && shared; ++i) shared = std::min<int64_t>(vis[i].size(), 32 * b + 32) <= tc.same[i];
-      if (shared) {
-        uint16_t* vb = w.vsh.data() + b * DT * 512;
-        if (!w.made[b]) {
-          for (int c = 0; c < 32; ++c) {
-            const int64_t s = 32 * b + c;
-            rows[c] = s < S ? vc + s * D : nullptr;
-            if (s + 32 < S) prefetch_row(vc + (s + 32) * D, D);
-          }
-          value_tiles(rows.data(), D, vb);
-          w.made[b] = 1;
-        }
-        _tile_loadd(4, w.pb.data() + 32 * b, PW * 2);
-        for (int64_t t = 0; t < nt; ++t) {
-          _tile_loadd(5, vb + (t0 + t) * 512, 64);
-          TDP_AT(t, 4, 5)
-        }
-        continue;
-      }
-      for (int64_t i = i0; i < i1; ++i) {
-        const auto& v = vis[i];
-        if ((int64_t)v.size() <= 32 * b) continue;
-        for (int c = 0; c < 32; ++c) rows[c] = 32 * b + c < (int64_t)v.size() ? vc + v[32 * b + c] * D : nullptr;
-        value_tiles(rows.data(), D, w.vt.data());
-        std::fill(w.pt.begin(), w.pt.end(), 0);
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t r = i * G + g - r0;
-          if (r >= 0 && r < 16) std::memcpy(w.pt.data() + r * 32, w.pb.data() + r * PW + 32 * b, 64);
-        }
-        _tile_loadd(4, w.pt.data(), 64);
-        for (int64_t t = 0; t < nt; ++t) {
-          _tile_loadd(5, w.vt.data() + (t0 + t) * 512, 64);
-          TDP_AT(t, 4, 5)
-        }
-      }
-    }
-    float* o = w.o.data() + t0 * 16;
-    _tile_stored(0, o, D * 4);
-    if (nt > 1) _tile_stored(1, o + 16, D * 4);
-    if (nt > 2) _tile_stored(2, o + 32, D * 4);
-    if (nt > 3) _tile_stored(3, o + 48, D * 4);
-  }
+  pv_tiles<false>(tc, w, vc, vis, r0, i0, i1, nb, D, w.pb.data(), PW, w.o.data());
   _tile_release();
   for (int64_t r = 0; r < nr; ++r) {   // times 1 / sum, in the output's dtype
     T* dst = out + orow[node[r]] * ors + (h * G + head[r]) * D;
