@@ -59,14 +59,22 @@ V16_TARGET static inline __m512 v16_load(const at::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
-V16_TARGET static inline void v16_store(at::BFloat16* p, __m512 f) {
+// 16 fp32 -> 16 bf16 as ATen rounds them (nearest even, subnormals kept, NaN 0x7FC0), in the low halves of 16 dwords
+V16_TARGET static inline __m512i v16_round(__m512 f) {
   const __m512i u = _mm512_castps_si512(f);
   const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
                                         _mm512_set1_epi32(0x7FFF));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(r));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
 }
+
+V16_TARGET static inline void v16_store(at::BFloat16* p, __m512 f) {
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(v16_round(f)));
+}
+
+// 16 fp32 into p as T: as they are, or rounded to bf16 as ATen rounds
+V16_TARGET static inline void v16_put(float* p, __m512 f) { _mm512_storeu_ps(p, f); }
+V16_TARGET static inline void v16_put(at::BFloat16* p, __m512 f) { v16_store(p, f); }
 
 // o = bf16(x + y), n elements (the residual add)
 V16_TARGET static void v16_add(const at::BFloat16* x, const at::BFloat16* y, at::BFloat16* o, int64_t n) {
@@ -192,9 +200,11 @@ static Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 
 // q|k roped and scaled, fp32 [Np, Hq + Hkv, D], with the first N rows' keys and values written into the cache row
 // (kr, vr [Hkv, C, D] from slot s0): _span_layers' rotate, scale and two cache writes. One loop where the operands
-// are as a CPU call has them (qkv contiguous bf16 or fp32, fp32 tables and cache), else those ATen ops. The loop
-// is bitwise the ops: each element is the same IEEE products and sum, rounded alike (no contraction into an FMA:
-// built with -ffp-contract=off), and the conversions from bf16 are exact.
+// are as a CPU call has them (qkv contiguous bf16 or fp32, fp32 tables, an fp32 or bf16 cache), else those ATen ops.
+// The loop is bitwise the ops: each element is the same IEEE products and sum, rounded alike (no contraction into an
+// FMA: built with -ffp-contract=off), the conversions from bf16 are exact, and a bf16 cache's keys are rounded once
+// as copy_ rounds them.
+
 // rope_rows for bf16 inputs, 16 lanes at a time: each number through the same IEEE operations in the same order
 // (the two products rounded, then their sum, then the scale), so the same bits as the loop below
 template <typename C>
@@ -224,12 +234,7 @@ V16_TARGET static void rope_rows16(const at::BFloat16* x, int64_t ld, const floa
       }
       if (i < N && h >= Hq) {
         C* kd = k + (h - Hq) * ks0 + i * ks1;
-        for (int64_t d = 0; d < D; d += 16) {
-          if constexpr (std::is_same_v<C, float>)
-            _mm512_storeu_ps(kd + d, _mm512_loadu_ps(o + d));
-          else
-            v16_store(kd + d, _mm512_loadu_ps(o + d));
-        }
+        for (int64_t d = 0; d < D; d += 16) v16_put(kd + d, _mm512_loadu_ps(o + d));
       }
     }
     if (i < N)
@@ -1191,19 +1196,10 @@ AMX_TARGET static inline __m512i bf16x32(const float* x) {
 }
 AMX_TARGET static inline __m512i bf16x32(const at::BFloat16* x) { return _mm512_loadu_si512((const void*)x); }
 
-// 16 fp32 -> 16 bf16 as ATen rounds them (v16_store's rule) in the low halves of 16 dwords
-AMX_TARGET static inline __m512i bf16_aten16(__m512 f) {
-  const __m512i u = _mm512_castps_si512(f);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7FFF));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-}
-
 // a key's 32 numbers -> bf16 as a bf16 cache holds them (so a key has the same bits from either cache)
 AMX_TARGET static inline __m512i key_bf16x32(const float* x) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16_aten16(_mm512_loadu_ps(x)))),
-                            _mm512_cvtepi32_epi16(bf16_aten16(_mm512_loadu_ps(x + 16))), 1);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(v16_round(_mm512_loadu_ps(x)))),
+                            _mm512_cvtepi32_epi16(v16_round(_mm512_loadu_ps(x + 16))), 1);
 }
 AMX_TARGET static inline __m512i key_bf16x32(const at::BFloat16* x) { return bf16x32(x); }
 
@@ -1226,20 +1222,25 @@ static inline void prefetch_row(const C* r, int64_t D) {
   for (int64_t l = 0; l < D * (int64_t)sizeof(C); l += 64) _mm_prefetch((const char*)r + l, _MM_HINT_T0);
 }
 
-// keys [S, D] as bf16 rows [SK 16, D] where a tile product reads them in place (a bf16 cache's, the last block's
-// rows past S zeros) -> the rows; kb: scratch for what must be made (an fp32 cache's keys, rounded as a bf16 cache
-// holds them; the last partial block)
+// keys [S, D] as the bf16 rows a tile product reads, 16 a block: block b's at(b). A bf16 cache's whole blocks are
+// read in place; what must be made goes into kb: an fp32 cache's keys (rounded as a bf16 cache holds them), and a
+// bf16 cache's last partial block (its rows past S zeros: the cache may end at S)
+struct KeyRows {
+  const uint16_t* made;    // block b at made + (b - first) 16 D
+  const uint16_t* cache;   // block b < first at cache + b 16 D
+  int64_t first, D;
+  const uint16_t* at(int64_t b) const { return b < first ? cache + b * 16 * D : made + (b - first) * 16 * D; }
+};
+
 template <typename C>
-AMX_TARGET static const uint16_t* key_rows(const C* kc, int64_t S, int64_t D, std::vector<uint16_t>& kb) {
-  const int64_t SK = (S + 15) / 16, whole = std::is_same_v<C, float> ? 0 : S / 16 * 16;
-  kb.resize(SK * 16 * D);
-  for (int64_t s = whole; s < SK * 16; ++s)
+AMX_TARGET static KeyRows key_rows(const C* kc, int64_t S, int64_t D, std::vector<uint16_t>& kb) {
+  const int64_t SK = (S + 15) / 16, first = std::is_same_v<C, float> ? 0 : S / 16;
+  kb.resize((SK - first) * 16 * D);
+  for (int64_t s = first * 16; s < SK * 16; ++s)
     for (int64_t d = 0; d < D; d += 32)
-      _mm512_storeu_si512((void*)(kb.data() + s * D + d), s < S ? key_bf16x32(kc + s * D + d) : _mm512_setzero_si512());
-  if constexpr (std::is_same_v<C, float>)
-    return kb.data();
-  else
-    return reinterpret_cast<const uint16_t*>(kc);
+      _mm512_storeu_si512((void*)(kb.data() + (s - first * 16) * D + d),
+                          s < S ? key_bf16x32(kc + s * D + d) : _mm512_setzero_si512());
+  return {kb.data(), reinterpret_cast<const uint16_t*>(kc), first, D};
 }
 
 // one block of 32 positions' values (rows[c]: position c's row, nullptr: zeros) -> vt [D / 16][16 lines][32 bf16]
@@ -1426,12 +1427,12 @@ AMX_TARGET static void pv_tiles(const TileCall& tc, TileScratch& w, const C* vc,
 // the values' tiles transposed, p's pairs of positions straight from the lanes). A tile element sums the same
 // products in the same order either way, so a row gets the same bits in either path.
 template <typename T, typename C>
-AMX_TARGET static void attend_lanes(const TileCall& tc, TileScratch& w, const C* kc, const C* vc,
+AMX_TARGET static void attend_lanes(const TileCall& tc, TileScratch& w, const C* vc,
                                     const std::vector<std::vector<int64_t>>& vis,
                                     const std::vector<std::vector<float>>& bias, T* out, int64_t ors,
                                     const std::vector<int64_t>& orow, int64_t h, int64_t r0, int64_t nr, int64_t D,
                                     const int64_t* node, const int64_t* head) {
-  const int64_t S = tc.S, G = tc.G, DT = D / 16, NB = (tc.most + 31) / 32;
+  const int64_t G = tc.G, DT = D / 16;
   alignas(64) int32_t nvr[16] = {}, samer[16] = {};
   const int64_t* visr[16] = {};
   const float* biasr[16] = {};
@@ -1499,11 +1500,7 @@ AMX_TARGET static void attend_lanes(const TileCall& tc, TileScratch& w, const C*
       x[d] = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(w.o.data() + (t * 16 + d) * 16), iv));
     transpose16(x);
     for (int64_t r = 0; r < nr; ++r) {
-      T* dst = out + orow[node[r]] * ors + (h * G + head[r]) * D + 16 * t;
-      if constexpr (std::is_same_v<T, float>)
-        _mm512_storeu_ps(dst, _mm512_castsi512_ps(x[r]));
-      else
-        v16_store(dst, _mm512_castsi512_ps(x[r]));
+      v16_put(out + orow[node[r]] * ors + (h * G + head[r]) * D + 16 * t, _mm512_castsi512_ps(x[r]));
     }
   }
 }
@@ -1525,9 +1522,7 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
     w.call = call;
     w.head = h;
   }
-  const uint16_t* kb = key_rows(kc, S, D, w.kt);
-  const uint16_t* klast = w.kt.data();   // the last block of keys, where S is not a multiple of 16
-  const bool part = S % 16 != 0 && !std::is_same_v<C, float>;
+  const KeyRows keys = key_rows(kc, S, D, w.kt);
   // the query rows as tiles [D / 32][16 lines][16 rows x 2] (line p: dims 2p, 2p + 1), zeros past the last row
   int64_t node[16], head[16];   // row r: node node[r]'s query head h G + head[r]
   for (int64_t r = 0, i = r0 / G, g = r0 % G; r < 16; ++r) {
@@ -1558,7 +1553,6 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
   // scores [SK 16 keys, 16 rows]: the queries stay in tiles 6, 7 (D <= 64) or are loaded per product into 6;
   // three key blocks at a time, three sums in flight (tiles 0-2 the sums, 3-5 keys read in place)
   w.sc.resize(SK * 256);
-  auto keys = [&](int64_t b) { return part && b == SK - 1 ? klast + (S / 16 * 16) * D : kb + b * 16 * D; };
   const bool resident = KS <= 2;
   if (resident) {
     _tile_loadd(6, w.qb.data(), 64);
@@ -1572,14 +1566,14 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
     for (int64_t k = 0; k < KS; ++k) {
       if (!resident) _tile_loadd(6, w.qb.data() + k * 512, 64);
       // (tile numbers are literals: the intrinsics paste them into the instruction)
-      _tile_loadd(3, keys(b) + 32 * k, D * 2);
+      _tile_loadd(3, keys.at(b) + 32 * k, D * 2);
       if (k == 1 && resident) _tile_dpbf16ps(0, 3, 7); else _tile_dpbf16ps(0, 3, 6);
       if (nt > 1) {
-        _tile_loadd(4, keys(b + 1) + 32 * k, D * 2);
+        _tile_loadd(4, keys.at(b + 1) + 32 * k, D * 2);
         if (k == 1 && resident) _tile_dpbf16ps(1, 4, 7); else _tile_dpbf16ps(1, 4, 6);
       }
       if (nt > 2) {
-        _tile_loadd(5, keys(b + 2) + 32 * k, D * 2);
+        _tile_loadd(5, keys.at(b + 2) + 32 * k, D * 2);
         if (k == 1 && resident) _tile_dpbf16ps(2, 5, 7); else _tile_dpbf16ps(2, 5, 6);
       }
     }
@@ -1588,7 +1582,7 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
     if (nt > 2) _tile_stored(2, w.sc.data() + (b + 2) * 256, 64);
   }
   if (nr >= 8) {
-    attend_lanes(tc, w, kc, vc, vis, bias, out, ors, orow, h, r0, nr, D, node, head);
+    attend_lanes(tc, w, vc, vis, bias, out, ors, orow, h, r0, nr, D, node, head);
     _tile_release();
     return;
   }
@@ -1597,6 +1591,8 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
   w.cs.resize(PW + 32);
   w.iv.resize(16);
   int64_t i0 = r0 / G, i1 = (r0 + nr - 1) / G + 1, nb = 0;   // the nodes with rows here, their blocks
+  const __m512i ix = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                        _mm512_set1_epi32(16));   // 16 slots' scores, 16 floats apart
   for (int64_t r = 0; r < nr; ++r) {
     const int64_t i = node[r];
     const auto& v = vis[i];
@@ -1604,8 +1600,6 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
     const float* sr = w.sc.data() + r;   // slot s's score at sr[16 s]
     float* cs = w.cs.data();
     int64_t c = 0;
-    const __m512i ix = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(16));
     for (; c + 16 <= same; c += 16) _mm512_storeu_ps(cs + c, _mm512_i32gather_ps(ix, sr + 16 * c, 4));
     for (; c < nv; ++c) cs[c] = sr[16 * v[c]];
     w.iv[r] = softmax_bf16(cs, nv, bias[i].empty() ? nullptr : bias[i].data(), w.pb.data() + r * PW);
@@ -1617,13 +1611,7 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
   for (int64_t r = 0; r < nr; ++r) {   // times 1 / sum, in the output's dtype
     T* dst = out + orow[node[r]] * ors + (h * G + head[r]) * D;
     const __m512 s = _mm512_set1_ps(w.iv[r]);
-    for (int64_t d = 0; d < D; d += 16) {
-      const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(w.o.data() + r * D + d), s);
-      if constexpr (std::is_same_v<T, float>)
-        _mm512_storeu_ps(dst + d, y);
-      else
-        v16_store(dst + d, y);
-    }
+    for (int64_t d = 0; d < D; d += 16) v16_put(dst + d, _mm512_mul_ps(_mm512_loadu_ps(w.o.data() + r * D + d), s));
   }
 }
 
