@@ -12,8 +12,8 @@ is oneDNN's own, so the logits are its packed product's bit for bit (tests/test_
 `attach(fwd, path)` packs each layer's Q4_1 blocks into the kernel's tiles (forward.Dense.q4) and keeps them only
 where the kernel's own unpacking gives back every bf16 weight bit for bit; the oneDNN-packed bf16 weights stay
 beside them (q4_products(False) switches back, as the bitwise tests do). The head (the tied embedding, Q8_0) keeps
-its bf16 product. Without AMX the tiles are not attached unless SPECDEC_Q4=dots asks (the dot-product kernel is
-slower than oneDNN's at verify sizes where measured). See docs/forward.md for the figures.
+its bf16 product. Without AMX they run on AVX-512 BF16 dot products, each row alone, so the forward pads no rows
+for them (its own order: the bits differ from oneDNN's in a few outputs). See docs/forward.md for the figures.
 """
 from __future__ import annotations
 
@@ -144,8 +144,8 @@ def _row_order(w: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
 
 
 def kernel() -> tuple[str | None, str]:
-    """Which 4-bit kernel the bundled target's layers take here: ("amx", "") where the OS grants AMX, ("dots", "")
-    without AMX when SPECDEC_Q4=dots asks, else (None, why not). SPECDEC_Q4=0 turns them off."""
+    """Which 4-bit kernel the bundled target's layers take here: ("amx", "") where the OS grants AMX, else ("dots",
+    "") where the CPU has AVX-512 BF16, else (None, why not). SPECDEC_Q4=0 turns them off."""
     from .forward import native_op
     if os.environ.get("SPECDEC_Q4", "1") == "0":
         return None, "off (SPECDEC_Q4=0)"
@@ -158,11 +158,9 @@ def kernel() -> tuple[str | None, str]:
         return None, "not here (this CPU has no AVX-512 BF16)"
     if native_op("q4_amx")():
         return "amx", ""
-    if os.environ.get("SPECDEC_Q4") == "dots":
-        return "dots", ""
-    # measured on the Xeon with AMX turned off: a 16-token verify 1.5x oneDNN's bf16 product (a 1-token step
-    # 0.95x); the kind without AMX is not measured, so it keeps oneDNN's products unless asked
-    return None, "off (no AMX here; SPECDEC_Q4=dots runs them on AVX-512 BF16 dot products)"
+    # without AMX, AVX-512 BF16 dot products: on the 2-core AMD EPYC, the 30 layers' products took 4.4 ms for one
+    # row against oneDNN's 9.1 (padded to 4 rows), 11.6 against 14.8 for 16 (docs/forward.md)
+    return "dots", ""
 
 
 def attach(fwd, path) -> str:
@@ -203,6 +201,8 @@ def attach(fwd, path) -> str:
             if torch.equal(unpacked(lines(tiles)), dense.w):
                 dense.q4 = tiles
                 done += 1
+    if kind == "dots" and done == 4 * len(fwd.blocks):
+        fwd.pad = 1   # the dot products compute each row alone: no rows to pad (attention and the head pad their own)
     fwd.refresh()
     on = "AMX tiles" if kind == "amx" else "AVX-512 BF16"
     return f"4-bit products: {done} of {4 * len(fwd.blocks)} layer products read the file's Q4_1 blocks ({on})"

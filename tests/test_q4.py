@@ -1,6 +1,8 @@
 """The bundled target's 4-bit products (q4.py, csrc/span.cpp): the tiles hold the very bf16 weights the model runs,
 the kernel multiplies them as a product does (up to its own summation order), each row alone on either kernel,
 and the packed bf16 product comes back when they are off."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -65,6 +67,24 @@ def test_the_product_is_x_times_the_weights_each_row_alone(ext, tiles):
         ext.q4_amx(True)
 
 
+def test_the_dot_products_give_each_row_its_own_bits_at_every_row_count(ext):
+    """The dot-product kernel runs 1-16 rows as one block (a compiled row count each) against 4, 2 or 1 row groups at
+    once: every count, and group counts that leave a tail, give a row the bits it gets alone."""
+    ext.q4_amx(False)
+    try:
+        for N, K in [(48, 576), (80, 1536), (112, 64)]:
+            q, d, m = blocks(N, K, seed=N)
+            t, w = q4.pack(q, d, m), q4.dequantize(q, d, m)
+            x = torch.randn(37, K, generator=torch.Generator().manual_seed(K)).bfloat16()
+            y = ext.dense(x, w, t, None, 32, 4)
+            ref = x.float() @ w.float().t()
+            assert ((y.float() - ref).abs() <= 2 ** -7 * ref.abs() + 1e-3).all()
+            for n in range(1, 18):
+                assert torch.equal(ext.dense(x[-n:].clone(), w, t, None, 32, 4), y[-n:]), (N, K, n)
+    finally:
+        ext.q4_amx(True)
+
+
 def test_off_the_packed_bf16_product_runs(ext):
     q, d, m = blocks(64, 576, seed=4)
     t, w = q4.pack(q, d, m), q4.dequantize(q, d, m)
@@ -84,10 +104,11 @@ def test_the_bundled_targets_layers_all_read_their_blocks(bundled, ext):
     if bundled.fwd is None or bundled.fwd.dtype != torch.bfloat16:
         pytest.skip("the bundled model runs in fp32 here (no native bf16)")
     f = bundled.fwd
-    if not ext.q4_amx():   # without AMX the tiles stay off unless asked (q4.attach)
-        assert "off (no AMX here" in f.q4_note and all(b.qkv.q4 is None for b in f.blocks)
-        return
+    if os.environ.get("SPECDEC_Q4") == "0":
+        pytest.skip("SPECDEC_Q4=0 turns them off")
     assert f.q4_note.startswith("4-bit products: 120 of 120")
+    assert ("AMX tiles" in f.q4_note) == ext.q4_amx()
+    assert f.pad == (1 if not ext.q4_amx() else 4)   # the dot products take each row alone: no padded rows
     for b in f.blocks:
         for dn in (b.qkv, b.o, b.gu, b.down):
             assert dn.q4 is not None and torch.equal(q4.unpacked(ext.q4_lines(dn.q4)), dn.w)
@@ -126,7 +147,7 @@ def test_on_amx_the_tiles_sum_as_onednns_packed_product_does(ext):
 
 
 def test_where_the_kernel_cannot_run_the_forward_keeps_its_products(bundled, monkeypatch):
-    """A CPU without AVX-512 BF16 (the unpacking raises), or without AMX unless asked: no tiles, a note saying why."""
+    """A CPU without AVX-512 BF16 (the unpacking raises), or SPECDEC_Q4=0: no tiles, rows padded, a note saying why."""
     import specdec_core.forward as fw
     if bundled.fwd is None or fw.native_op("q4_lines") is None:
         pytest.skip("no C++ build here")
@@ -142,6 +163,6 @@ def test_where_the_kernel_cannot_run_the_forward_keeps_its_products(bundled, mon
     note = q4.attach(f, bundled_gguf())
     assert "no AVX-512 BF16" in note and all(b.qkv.q4 is None for b in f.blocks)
     fake["q4_lines"] = lambda q: torch.zeros(1)
-    monkeypatch.delenv("SPECDEC_Q4", raising=False)
+    monkeypatch.setenv("SPECDEC_Q4", "0")
     note = q4.attach(f, bundled_gguf())
-    assert "off (no AMX here" in note and all(b.qkv.q4 is None for b in f.blocks)
+    assert "off (SPECDEC_Q4=0)" in note and all(b.qkv.q4 is None for b in f.blocks) and f.pad == 4

@@ -485,21 +485,33 @@ static bool amx_granted() {   // Linux hands out AMX's tile state on request (AR
   return ok;
 }
 
-// one weight tile (16 rows x 32 k) -> 16 lines of 32 bf16, pair-interleaved (w: 512 u16)
-Q4_TARGET static inline void q4_unpack_tile(const uint8_t* t, uint16_t* w) {
+// A tile's scales in line order: d and m [16 fp16, row n] -> lanes 2 n + parity, for the low nibbles' rows (n < 8)
+// and the high ones' (n >= 8)
+struct Q4Scales {
+  __m512 dl, dh, ml, mh;
+};
+
+Q4_TARGET static inline Q4Scales q4_scales(const uint8_t* t) {
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(t + 256)));
   const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(t + 288)));
   const __m512i lo_i = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i hi_i = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
-  const __m512 dl = _mm512_permutexvar_ps(lo_i, d), dh = _mm512_permutexvar_ps(hi_i, d);
-  const __m512 ml = _mm512_permutexvar_ps(lo_i, m), mh = _mm512_permutexvar_ps(hi_i, m);
-  const __m512i f = _mm512_set1_epi32(0x0F);
-  for (int kk = 0; kk < 16; ++kk) {
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + kk * 16)));
-    const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, f)), dl, ml);
-    const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), dh, mh);
-    _mm512_storeu_si512((void*)(w + kk * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-  }
+  return {_mm512_permutexvar_ps(lo_i, d), _mm512_permutexvar_ps(hi_i, d), _mm512_permutexvar_ps(lo_i, m),
+          _mm512_permutexvar_ps(hi_i, m)};
+}
+
+// line kk of a tile -> its 32 bf16 weights, pair-interleaved (16 rows x 2 k): d q + m, one rounding each
+Q4_TARGET static inline __m512i q4_line(const uint8_t* t, int kk, const Q4Scales& s) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + kk * 16)));
+  const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F))), s.dl, s.ml);
+  const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), s.dh, s.mh);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// one weight tile (16 rows x 32 k) -> 16 lines of 32 bf16, pair-interleaved (w: 512 u16)
+Q4_TARGET static inline void q4_unpack_tile(const uint8_t* t, uint16_t* w) {
+  const Q4Scales s = q4_scales(t);
+  for (int kk = 0; kk < 16; ++kk) _mm512_storeu_si512((void*)(w + kk * 32), q4_line(t, kk, s));
 }
 
 struct TileConfig {
@@ -565,31 +577,63 @@ AMX_TARGET static void q4_on_tiles(const at::BFloat16* x, int64_t M, int64_t K, 
   if (shape >= 0) _tile_release();
 }
 
+// Without AMX: AVX-512 BF16 dot products, each output one fp32 sum over k's pairs in order from 0 (one vdpbf16ps a
+// pair), whatever rows come with it. R rows (a compile-time count, so the sums stay in registers) against NG weight
+// groups at once, the weights unpacked in registers line by line and each line used by all R rows: at one row the
+// step reads 0.625 bytes a weight and keeps NG independent chains of sums in flight; at 16 one line serves 16
+// products. Groups g0 .. g1 - 1 (NG of them from g), rows r0 .. r0 + R - 1.
+template <int R, int NG>
+Q4_TARGET static void q4_dots_block(const int32_t* xp, int64_t K, const uint8_t* q, at::BFloat16* y, int64_t N,
+                                    int64_t g, int64_t r0) {
+  const int64_t B = K / 32, P = K / 2;   // x's pairs a row
+  __m512 acc[NG][R];
+  for (int j = 0; j < NG; ++j)
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
+  const int32_t* xr = xp + r0 * P;
+  for (int64_t b = 0; b < B; ++b) {
+    Q4Scales s[NG];
+    const uint8_t* t[NG];
+    for (int j = 0; j < NG; ++j) {
+      t[j] = q + ((g + j) * B + b) * 320;
+      s[j] = q4_scales(t[j]);
+    }
+    for (int kk = 0; kk < 16; ++kk) {
+      const int64_t p = b * 16 + kk;
+      __m512bh w[NG];
+      for (int j = 0; j < NG; ++j) w[j] = (__m512bh)q4_line(t[j], kk, s[j]);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(xr[r * P + p]);
+        for (int j = 0; j < NG; ++j) acc[j][r] = _mm512_dpbf16_ps(acc[j][r], xv, w[j]);
+      }
+    }
+  }
+  for (int j = 0; j < NG; ++j)
+    for (int r = 0; r < R; ++r) v16_store(y + (r0 + r) * N + (g + j) * 16, acc[j][r]);
+}
+
+// rows r0 .. r0 + R - 1 (R <= 16, a runtime count) against groups g0 .. g1 - 1: as many groups at once as keep 16
+// sums in registers
+template <int R>
+Q4_TARGET static void q4_dots_rows(const int32_t* xp, int64_t K, const uint8_t* q, at::BFloat16* y, int64_t N,
+                                   int64_t g0, int64_t g1, int64_t r0) {
+  constexpr int NG = R <= 4 ? 4 : R <= 8 ? 2 : 1;
+  int64_t g = g0;
+  for (; g + NG <= g1; g += NG) q4_dots_block<R, NG>(xp, K, q, y, N, g, r0);
+  for (; g < g1; ++g) q4_dots_block<R, 1>(xp, K, q, y, N, g, r0);
+}
+
 Q4_TARGET static void q4_dots(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* q, at::BFloat16* y,
                               int64_t N, int64_t g0, int64_t g1) {
-  const int64_t B = K / 32;
-  std::vector<uint16_t> w(B * 512);
-  const bool one = M <= 8;   // as q4_on_tiles: one pass of rows unpacks each tile just before its products
-  for (int64_t g = g0; g < g1; ++g) {
-    if (!one)
-      for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + b * 512);
-    for (int64_t r0 = 0; r0 < M; r0 += 8) {
-      const int64_t R = std::min<int64_t>(8, M - r0);
-      __m512 acc[8];
-      for (int r = 0; r < 8; ++r) acc[r] = _mm512_setzero_ps();
-      const int32_t* xp = reinterpret_cast<const int32_t*>(x + r0 * K);   // x's pairs
-      for (int64_t b = 0; b < B; ++b) {
-        const uint16_t* wb = w.data() + (one ? 0 : b * 512);
-        if (one) q4_unpack_tile(q + (g * B + b) * 320, w.data());
-        for (int64_t pp = 0; pp < 16; ++pp) {
-          const int64_t p = b * 16 + pp;
-          const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(wb + pp * 32));
-          for (int r = 0; r < R; ++r)
-            acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(xp[r * (K / 2) + p]), wv);
-        }
-      }
-      for (int r = 0; r < R; ++r) v16_store(y + (r0 + r) * N + g * 16, acc[r]);
-    }
+  using Rows = void (*)(const int32_t*, int64_t, const uint8_t*, at::BFloat16*, int64_t, int64_t, int64_t, int64_t);
+  static constexpr Rows rows[17] = {nullptr, q4_dots_rows<1>, q4_dots_rows<2>, q4_dots_rows<3>, q4_dots_rows<4>,
+                                    q4_dots_rows<5>, q4_dots_rows<6>, q4_dots_rows<7>, q4_dots_rows<8>,
+                                    q4_dots_rows<9>, q4_dots_rows<10>, q4_dots_rows<11>, q4_dots_rows<12>,
+                                    q4_dots_rows<13>, q4_dots_rows<14>, q4_dots_rows<15>, q4_dots_rows<16>};
+  const int32_t* xp = reinterpret_cast<const int32_t*>(x);   // x's pairs
+  // a thread's groups in chunks whose tiles stay in its first caches while every block of rows reads them
+  for (int64_t c0 = g0; c0 < g1; c0 += 4) {
+    const int64_t c1 = std::min(g1, c0 + 4);
+    for (int64_t r0 = 0; r0 < M; r0 += 16) rows[std::min<int64_t>(16, M - r0)](xp, K, q, y, N, c0, c1, r0);
   }
 }
 
