@@ -78,8 +78,9 @@ class Ours(Backend):
 
     @property
     def row_block(self) -> int:
-        """forward.ROWS, read when asked (the GPU check varies it): every product pads its rows to it."""
-        return _forward.ROWS
+        """forward.ROWS, read when asked (the GPU check varies it): every product pads its rows to it; 1 where the
+        forward pads none (its layers' products take each row alone: the 4-bit dot products), so every row costs."""
+        return 1 if self.fwd.pad == 1 else _forward.ROWS
 
     def new_cache(self, batch: int = 1):
         return self.fwd.new_cache(batch)

@@ -70,13 +70,15 @@ def tree_budget(p: list[float], most: int, block: int, costs: list[float], fixed
     first; most: the cap; costs[j - 1]: the target's measured ms for a score pass of j blocks of `block` rows
     (backend.block_ms); fixed_ms: what the step costs besides (the draft already run). Expected tokens of n
     nodes: 1 (the token drawn at the end) + the sum of their p. The root takes one row of the first block, so
-    counts that fill their block, block * j - 1, are the ones weighed. Without costs: `most`."""
+    counts that fill their block, block * j - 1 (at least 1), are the ones weighed. Without costs: `most`."""
     most = min(most, len(p))
     if not costs:
         return most
     best, pick, e, got = -1.0, most, 1.0, 0
     for j, ms in enumerate(costs, 1):
         n = min(block * j - 1, most)
+        if n < 1:             # a block of one row holds the root alone: a tree keeps at least one node
+            continue
         e += sum(p[got:n])
         got = n
         if e / (fixed_ms + ms) > best:

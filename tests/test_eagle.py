@@ -313,6 +313,7 @@ def test_manifest_acceptance_reproduces(one_thread):
     d = make("eagle", lm)
     if d.sized:   # sized trees weigh measured costs: pin the manifest's, so the trees do not depend on this machine
         d.costs, d.draft_ms = acc["block_ms"], man["draft_cost"]["propose_ms"]
+        d.block = acc.get("row_block", 4)   # the rows a cost's block held there (4 before manifests said)
     rows = acc["per_prompt"][:2]
     got = [engine.run(lm, d, lm.encode(r["prompt"]), k=acc["k"], max_new_tokens=acc["max_new_tokens"],
                       detail=False)[2].mean_acceptance_length for r in rows]
@@ -348,6 +349,11 @@ def test_sized_budget_weighs_expected_tokens_against_measured_block_costs(one_th
     assert d._budget(score, order, 2.0) == 12
     d.nodes = 5
     assert d._budget(score, order, 2.0) == 5         # never past `nodes`
+    d.block, d.nodes = 1, 12                         # rows that cost one by one (a forward that pads none)
+    d.costs = [10.0, 10.0, 30.0]                     # the root alone, + 1 node free, + 2 dear: never an empty tree
+    assert d._budget(score, order, 2.0) == 1
+    d.costs = [10.0 + j for j in range(13)]          # 1 ms a row: a node pays while its p beats tokens per ms
+    assert d._budget(score, order, 2.0) == 7         # (5.2 tokens in 19 ms; the 0.2 node would make 5.4 in 20)
 
 
 def test_sized_trees_stay_exact(one_thread):

@@ -87,7 +87,10 @@ def test_lookup_proposes_k_after_a_full_match_and_weak_after_a_short_one():
     assert d.propose(ctx(seq + [20, 9], 6)).tokens.tolist() == [10, 11, 12]
     assert PromptLookup().propose(ctx(seq + [20, 9], 6)).tokens.tolist() == [10, 11, 12, 20, 9]
     assert make("lookup", tiny_lm(0, forward="ours")).weak == 3
-    assert make("lookup", tiny_lm(0)).weak is None
+    assert make("lookup", tiny_lm(0)).weak is None   # transformers' forward: rows are the GPU's or a reference's
+    unpadded = tiny_lm(0, forward="ours")
+    unpadded.fwd.pad = 1     # a CPU forward whose products take each row alone (the 4-bit dot products): rows cost
+    assert unpadded.backend.row_block == 1 and make("lookup", unpadded).weak == 1
     with pytest.raises(ValueError, match="weak must be >= 1"):
         PromptLookup(weak=0)
 

@@ -187,8 +187,9 @@ class Eagle(Drafter):
         # a copied continuation (prompt lookup, a match of 2+ tokens) grafted onto each tree where it pays
         self.copy = PromptLookup(min_ngram=2) if copy else None
         self.begin([])
-        self.costs = target.backend.block_ms() if self.sized else []   # measured once per target forward
         self.block = target.backend.row_block
+        # measured once per target forward, up to the largest tree's rows (the root's and `nodes`)
+        self.costs = target.backend.block_ms(-(-(self.nodes + 1) // self.block)) if self.sized else []
         self.draft_ms: float | None = None       # the draft's ms a sized tree weighs; None: this step's own
         self.rate: float | None = None           # sized: committed tokens per ms of a step (draft + score), smoothed
 

@@ -286,7 +286,7 @@ def pick_tree(lm, head: Head, a) -> dict:
                          for k, v in table.items()}),
         draft_cost=dict(propose_ms=round(draft_s * 1e3, 2),
                         one_token_forward_ms=round(target_step_cost(lm) * 1e3, 2)),
-        acceptance=dict(best["result"], block_ms=[round(x, 3) for x in dr.costs]))
+        acceptance=dict(best["result"], block_ms=[round(x, 3) for x in dr.costs], row_block=dr.block))
 
 
 def retree(a) -> int:
