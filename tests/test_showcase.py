@@ -66,6 +66,10 @@ def test_why_a_row_disagrees_is_said_in_its_own_numbers():
     assert showcase.why(WORKLOADS["chat"], {**r, "benefit": "High"}).startswith("better than")
     assert showcase.why(w, {**r, "benefit": "High"}) == ""
     assert "noisy" in showcase.why(w, {**r, "noisy": True})
+    assert "Scoring the drafted" not in txt                          # no one-token pass to compare with
+    dear = showcase.why(w, {**r, "plain_score_ms": 12.5})             # a verify 1.6x a one-token pass
+    assert "Scoring the drafted tokens cost 1.60× scoring one here" in dear
+    assert "Scoring the drafted" not in showcase.why(w, {**r, "plain_score_ms": 19.5})   # 1.03x: not the reason
 
 
 def test_each_workload_names_a_drafter_that_can_show_it():

@@ -42,6 +42,12 @@ def why(w: Workload, r: dict) -> str:
         where = f" (draft {r['draft_ms']:.1f} ms, verify {r['score_ms']:.1f} ms)" if "draft_ms" in r else ""
         txt += (f"; a step took {step:.1f} ms{where} against a plain step's {plain:.1f} ms, {step / plain:.2f}× as "
                 f"much, so {tps:.2f} / {step / plain:.2f} ≈ {tps * plain / step:.2f}× expected")
+    score, one = r.get("score_ms") or 0.0, r.get("plain_score_ms") or 0.0
+    if side == "worse" and score and one and score / one >= 1.05:
+        # the lesson's claim assumes a memory-bound step, where the drafted tokens' rows ride along nearly free
+        txt += (f". Scoring the drafted tokens cost {score / one:.2f}× scoring one here: this machine pays for every "
+                f"verified row in arithmetic (no matrix units, or a step already quick to read its weights), so "
+                f"speculation has less spare compute to spend than the lesson assumes")
     return txt + (". Its pairs spread widely: noisy, rerun" if r.get("noisy") else "")
 
 
