@@ -361,6 +361,13 @@ def cmd_bench_peer(args) -> int:
     return 0
 
 
+
+def rows_said(block: int) -> str:
+    """How a score pass's row count follows from its tokens, for a forward whose products pad to `block` rows."""
+    if block == 1:
+        return "the tokens themselves (this forward pads no rows: every row costs its own share)"
+    return f"tokens rounded up to a block of {block} rows (a size that fits a block pays; one past it costs a block)"
+
 def cmd_profile(args) -> int:
     """Where each drafter's step time goes (bench/profile.py), plain decoding beside it as the reference."""
     from tqdm import tqdm
@@ -392,8 +399,7 @@ def cmd_profile(args) -> int:
         print("\nwhere a step's time goes: ms per step (every step but each run's first) in each phase; c = draft "
               "ms per drafted position / a one-token target step (plain decoding's median score ms); score_x = the "
               "median score pass over that step, which scored a chain of `tokens` (k + 1) or a tree of that many "
-              f"nodes; rows = what its products multiplied: tokens rounded up to a block of "
-              f"{target.backend.row_block} rows (a size that fits a block pays; one past it costs a block)")
+              f"nodes; rows = what its products multiplied: {rows_said(target.backend.row_block)}")
         print(cost.round(3).to_string())
         print("\nspeedups: Leviathan et al. (2023) (1 - alpha^(k+1)) / ((1 - alpha)(c k + 1)) with alpha = "
               "accepted / judged guesses; cost model = tokens/step x plain step ms / step ms; measured = tokens/s "
