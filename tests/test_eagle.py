@@ -337,7 +337,7 @@ def test_sized_budget_weighs_expected_tokens_against_measured_block_costs(one_th
     draft probabilities) per ms of draft + score pass, counts that fill a block of rows."""
     tgt = tiny_lm(1, layers=1)
     d = Eagle(tgt, _random_head(tgt), manifest={}, depth=4, topk=3, nodes=15, sized=False)
-    d.block = 4
+    d.block, d.sized = 4, True      # made unsized (no costs measured), then weighing the costs set below
     score = [math.log(p) for p in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.04, 0.03)]
     order = list(range(len(score)))
     assert d._budget(score, order, 2.0) == 12        # no cost table: the most allowed (all 12 drafted)

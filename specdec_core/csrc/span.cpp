@@ -500,11 +500,14 @@ Q4_TARGET static inline Q4Scales q4_scales(const uint8_t* t) {
           _mm512_permutexvar_ps(hi_i, m)};
 }
 
-// line kk of a tile -> its 32 bf16 weights, pair-interleaved (16 rows x 2 k): d q + m, one rounding each
+// line kk of a tile -> its 32 bf16 weights, pair-interleaved (16 rows x 2 k): d q + m, one rounding each. q as a
+// float by a permute of 0.0 .. 15.0 (it reads an index's low 4 bits: the low nibble needs no mask), exactly the
+// conversion's value
 Q4_TARGET static inline __m512i q4_line(const uint8_t* t, int kk, const Q4Scales& s) {
+  const __m512 v = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + kk * 16)));
-  const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F))), s.dl, s.ml);
-  const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), s.dh, s.mh);
+  const __m512 lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(b, v), s.dl, s.ml);
+  const __m512 hi = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), v), s.dh, s.mh);
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 

@@ -326,7 +326,7 @@ class Eagle(Drafter):
         """How many drafted nodes to verify: `nodes`, or, sized, policy.tree_budget's count (the nodes'
         cumulative draft probabilities against the target's measured cost of the rows they add)."""
         p = [math.exp(score[i]) for i in order[:self.nodes]]
-        return tree_budget(p, self.nodes, self.block, self.costs, draft_ms)
+        return tree_budget(p, self.nodes, self.block, self.costs if self.sized else [], draft_ms)
 
     def _tree(self, parent, rank, tok, score, order, budget, ctx: DraftContext) -> Proposal:
         """Keep the `budget` likeliest drafted nodes (prefix-closed), plus what pays of a copied continuation, as
@@ -371,7 +371,7 @@ class Eagle(Drafter):
         rows = len(nodes) + 1
         added = graft(nodes, chain)
         j = copy_budget(self.hits / self.tries, len(chain) - len(added), len(added), rows, self.block,
-                        self.costs, self.rate)
+                        self.costs if self.sized else [], self.rate)
         for p in added[j:]:
             del nodes[p]
         return j
