@@ -361,12 +361,12 @@ def cmd_bench_peer(args) -> int:
     return 0
 
 
-
 def rows_said(block: int) -> str:
     """How a score pass's row count follows from its tokens, for a forward whose products pad to `block` rows."""
     if block == 1:
         return "the tokens themselves (this forward pads no rows: every row costs its own share)"
     return f"tokens rounded up to a block of {block} rows (a size that fits a block pays; one past it costs a block)"
+
 
 def cmd_profile(args) -> int:
     """Where each drafter's step time goes (bench/profile.py), plain decoding beside it as the reference."""

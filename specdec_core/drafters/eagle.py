@@ -238,7 +238,7 @@ class Eagle(Drafter):
         order = sorted(range(len(score)), key=score.__getitem__, reverse=True)     # stable, as drafted
         draft_ms = 1e3 * (time.perf_counter() - t0) if self.draft_ms is None else self.draft_ms
         prop = self._tree(parent, rank, tok, score, order, self._budget(score, order, draft_ms), ctx)
-        if self.sized and self.costs:   # this step's ms: the draft and the score pass of its rows (the tree's)
+        if self.weighed:   # this step's ms: the draft and the score pass of its rows (the tree's)
             self._last = (n, draft_ms + self.costs[min(len(self.costs), -(-prop.tree.size // self.block)) - 1])
         return prop
 
@@ -322,11 +322,17 @@ class Eagle(Drafter):
             self.rate = r if self.rate is None else 0.8 * self.rate + 0.2 * r
         self._last = None
 
+    @property
+    def weighed(self) -> list[float]:
+        """The target's costs a tree and its copies weigh: the measured ones where sized, none else (a drafter made
+        sized and then set unsized keeps its fixed trees)."""
+        return self.costs if self.sized else []
+
     def _budget(self, score, order, draft_ms: float) -> int:
         """How many drafted nodes to verify: `nodes`, or, sized, policy.tree_budget's count (the nodes'
         cumulative draft probabilities against the target's measured cost of the rows they add)."""
         p = [math.exp(score[i]) for i in order[:self.nodes]]
-        return tree_budget(p, self.nodes, self.block, self.costs if self.sized else [], draft_ms)
+        return tree_budget(p, self.nodes, self.block, self.weighed, draft_ms)
 
     def _tree(self, parent, rank, tok, score, order, budget, ctx: DraftContext) -> Proposal:
         """Keep the `budget` likeliest drafted nodes (prefix-closed), plus what pays of a copied continuation, as
@@ -371,7 +377,7 @@ class Eagle(Drafter):
         rows = len(nodes) + 1
         added = graft(nodes, chain)
         j = copy_budget(self.hits / self.tries, len(chain) - len(added), len(added), rows, self.block,
-                        self.costs if self.sized else [], self.rate)
+                        self.weighed, self.rate)
         for p in added[j:]:
             del nodes[p]
         return j
