@@ -69,7 +69,8 @@ def test_the_product_is_x_times_the_weights_each_row_alone(ext, tiles):
 
 def test_the_dot_products_give_each_row_its_own_bits_at_every_row_count(ext):
     """The dot-product kernel runs 1-16 rows as one block (a compiled row count each) against 4, 2 or 1 row groups at
-    once: every count, and group counts that leave a tail, give a row the bits it gets alone."""
+    once, and more rows in blocks of up to 8 against lines unpacked once: every count, and group counts that leave a
+    tail, give a row the bits it gets alone (37 rows, then their last 1 .. 36)."""
     ext.q4_amx(False)
     try:
         for N, K in [(48, 576), (80, 1536), (112, 64)]:
@@ -79,7 +80,7 @@ def test_the_dot_products_give_each_row_its_own_bits_at_every_row_count(ext):
             y = ext.dense(x, w, t, None, 32, 4)
             ref = x.float() @ w.float().t()
             assert ((y.float() - ref).abs() <= 2 ** -7 * ref.abs() + 1e-3).all()
-            for n in range(1, 18):
+            for n in range(1, 37):
                 assert torch.equal(ext.dense(x[-n:].clone(), w, t, None, 32, 4), y[-n:]), (N, K, n)
     finally:
         ext.q4_amx(True)

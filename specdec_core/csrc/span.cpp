@@ -625,19 +625,63 @@ Q4_TARGET static void q4_dots_rows(const int32_t* xp, int64_t K, const uint8_t* 
   for (; g < g1; ++g) q4_dots_block<R, 1>(xp, K, q, y, N, g, r0);
 }
 
+// More rows than one block (a prompt's prefill): the same sums read their lines from a buffer. Lines w [NG groups,
+// P pairs, 32] bf16 unpacked once, so every block of rows reuses them from the thread's L2 instead of unpacking them
+// again (the unpacking is most of a one-row product's work). Each sum is still one vdpbf16ps a pair in order from 0.
+template <int R, int NG>
+Q4_TARGET static void q4_lines_block(const int32_t* xp, int64_t P, const uint16_t* w, at::BFloat16* y, int64_t N,
+                                     int64_t g, int64_t r0) {
+  __m512 acc[NG][R];
+  for (int j = 0; j < NG; ++j)
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
+  const int32_t* xr = xp + r0 * P;
+  for (int64_t p = 0; p < P; ++p) {
+    __m512bh wv[NG];
+    for (int j = 0; j < NG; ++j) wv[j] = (__m512bh)_mm512_loadu_si512((const void*)(w + (j * P + p) * 32));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(xr[r * P + p]);
+      for (int j = 0; j < NG; ++j) acc[j][r] = _mm512_dpbf16_ps(acc[j][r], xv, wv[j]);
+    }
+  }
+  for (int j = 0; j < NG; ++j)
+    for (int r = 0; r < R; ++r) v16_store(y + (r0 + r) * N + (g + j) * 16, acc[j][r]);
+}
+
+// rows r0 .. r0 + R - 1 (R <= 8) against the C buffered groups from g: 24 sums in registers where the groups allow
+template <int R>
+Q4_TARGET static void q4_lines_rows(const int32_t* xp, int64_t P, const uint16_t* w, at::BFloat16* y, int64_t N,
+                                    int64_t g, int64_t C, int64_t r0) {
+  constexpr int NG = R <= 4 ? 6 : R <= 6 ? 4 : 3;
+  int64_t j = 0;
+  for (; j + NG <= C; j += NG) q4_lines_block<R, NG>(xp, P, w + j * P * 32, y, N, g + j, r0);
+  for (; j + 2 <= C; j += 2) q4_lines_block<R, 2>(xp, P, w + j * P * 32, y, N, g + j, r0);
+  for (; j < C; ++j) q4_lines_block<R, 1>(xp, P, w + j * P * 32, y, N, g + j, r0);
+}
+
 Q4_TARGET static void q4_dots(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* q, at::BFloat16* y,
                               int64_t N, int64_t g0, int64_t g1) {
+  const int32_t* xp = reinterpret_cast<const int32_t*>(x);   // x's pairs
+  if (M > 16) {
+    using Rows = void (*)(const int32_t*, int64_t, const uint16_t*, at::BFloat16*, int64_t, int64_t, int64_t, int64_t);
+    static constexpr Rows rows[9] = {nullptr, q4_lines_rows<1>, q4_lines_rows<2>, q4_lines_rows<3>, q4_lines_rows<4>,
+                                     q4_lines_rows<5>, q4_lines_rows<6>, q4_lines_rows<7>, q4_lines_rows<8>};
+    constexpr int64_t C = 6;   // groups a buffer holds: K = 1536 takes 288 KiB
+    const int64_t B = K / 32, P = K / 2;
+    std::vector<uint16_t> w(C * P * 32);
+    for (int64_t c0 = g0; c0 < g1; c0 += C) {
+      const int64_t c = std::min(C, g1 - c0);
+      for (int64_t j = 0; j < c; ++j)
+        for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + ((c0 + j) * B + b) * 320, w.data() + (j * P + b * 16) * 32);
+      for (int64_t r0 = 0; r0 < M; r0 += 8) rows[std::min<int64_t>(8, M - r0)](xp, P, w.data(), y, N, c0, c, r0);
+    }
+    return;
+  }
   using Rows = void (*)(const int32_t*, int64_t, const uint8_t*, at::BFloat16*, int64_t, int64_t, int64_t, int64_t);
   static constexpr Rows rows[17] = {nullptr, q4_dots_rows<1>, q4_dots_rows<2>, q4_dots_rows<3>, q4_dots_rows<4>,
                                     q4_dots_rows<5>, q4_dots_rows<6>, q4_dots_rows<7>, q4_dots_rows<8>,
                                     q4_dots_rows<9>, q4_dots_rows<10>, q4_dots_rows<11>, q4_dots_rows<12>,
                                     q4_dots_rows<13>, q4_dots_rows<14>, q4_dots_rows<15>, q4_dots_rows<16>};
-  const int32_t* xp = reinterpret_cast<const int32_t*>(x);   // x's pairs
-  // a thread's groups in chunks whose tiles stay in its first caches while every block of rows reads them
-  for (int64_t c0 = g0; c0 < g1; c0 += 4) {
-    const int64_t c1 = std::min(g1, c0 + 4);
-    for (int64_t r0 = 0; r0 < M; r0 += 16) rows[std::min<int64_t>(16, M - r0)](xp, K, q, y, N, c0, c1, r0);
-  }
+  if (M > 0) rows[M](xp, K, q, y, N, g0, g1, 0);
 }
 
 static bool is_q4_tiles(const Tensor& q) {   // [G, B, 320] u8, as q4.py packs them
