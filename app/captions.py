@@ -26,6 +26,18 @@ NO_Q = {"lookup": "This drafter copies text, so it has no probabilities of its o
         "suffix": "This drafter proposes continuations it has seen, so it has no probabilities of its own"}
 
 
+def row_cost(block: int) -> str:
+    """What a verify pass's rows cost on this machine, for a forward whose products pad to `block` rows
+    (backend.row_block): one sentence for a page's 'why the measurement differs' paragraph."""
+    if block == 1:
+        return ("On this machine our forward multiplies each row alone (no matrix units to fill, so nothing is "
+                "padded): every drafted token adds its own share of arithmetic to the verify pass, and a draft of "
+                "k tokens costs more the longer it is, even when every guess is kept")
+    return (f"On this machine our forward multiplies rows in blocks of {block}: scoring the pending token and up to "
+            f"{block - 1} drafts costs one plain pass, and the next draft starts a second block, which costs more "
+            "than all the drafts in the first (the verify pass times above show the step)")
+
+
 def no_q(rec: StepRecord) -> str:
     """The Draft phase's note for a chain drafter that has no distribution q of its own."""
     lead = NO_Q.get(rec.drafter, f"The {rec.drafter} drafter picks its tokens deterministically (its top choices)")

@@ -145,9 +145,10 @@ def build() -> None:
     if e.draft_model:
         sb.caption(f"Draft models a visitor may load on this server: {limits.described()}.")
     sb.slider("k: tokens drafted per step", *BOUNDS["k"], key="k", disabled=not e.drafts,
-              help="The verify pass scores the pending token and k drafts. On the CPU our forward multiplies rows "
-                   "in blocks of 4, so k = 3, 7 or 11 fill their block; one draft more costs a whole block "
-                   "(the Draft length k page shows it).")
+              help="The verify pass scores the pending token and k drafts. On a CPU with AMX our forward "
+                   "multiplies rows in blocks of 4, so k = 3, 7 or 11 fill their block and one draft more costs a "
+                   "whole block; without matrix units every row costs its own share (the Draft length k page "
+                   "says which this machine does).")
     sb.selectbox("Draft length", list(K_POLICIES), key="k_policy", format_func=K_POLICIES.get,
                  disabled=not e.drafts,
                  help="Fixed: k every step. Schedule: start at k, +2 after a fully accepted draft, −1 otherwise "

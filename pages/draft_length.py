@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app import limits, measure, sidebar
+from app import captions, limits, measure, runs, sidebar
 from specdec_core.bench import sweeps
 from specdec_core.bench.theory import expected_speedup, expected_tokens_per_step, theory
 from specdec_core.bench.workloads import WORKLOADS
@@ -38,8 +38,10 @@ with c1:
                                        "cost per guess gives a best k inside the range. Plain decoding is the "
                                        "baseline.")
     ks = measure.pick_values("Draft lengths k", "k_values", KS, [1, 2, 3, 4, 7, 8],
-                             help="One point per k and drafter. 3 and 4, 7 and 8 side by side show the row blocks: "
-                                  "k + 1 = 4 or 8 rows fill their block, one draft more pays for a whole block.")
+                             help="One point per k and drafter. 3 and 4, 7 and 8 side by side show the row blocks "
+                                  "where the forward pads rows to blocks of 4 (a CPU with AMX): k + 1 = 4 or 8 rows "
+                                  "fill their block, one draft more pays for a whole block. Without matrix units "
+                                  "each row costs its own share, and the points climb step by step.")
 with c2:
     wl = st.selectbox("Prompts from the workload", [n for n in WORKLOADS if WORKLOADS[n].batch_size == 1],
                       key="k_workload", format_func=lambda n: WORKLOADS[n].label)
@@ -170,10 +172,8 @@ st.markdown(
 st.markdown(
     "**Why the measurement may differ from the prediction.** The formula assumes each guess is kept "
     "independently with the same probability α, and that verifying k + 1 tokens costs the same as one target "
-    "pass. On this CPU our forward multiplies rows in blocks of 4: scoring the pending token and up to 3 drafts "
-    "costs one plain pass, the 4th draft starts a second block, which costs more than all the drafts in the "
-    "first (the verify pass times above show the step), and Python bookkeeping per step adds a fixed cost the "
-    "formula does not count. Acceptance "
+    f"pass. {captions.row_cost(runs.target().backend.row_block)}; and Python bookkeeping per step adds a fixed "
+    "cost the formula does not count. Acceptance "
     "is not independent either: the right panel may show it changing with position (a drafter that copies text, "
     "once its first guesses are right, is usually copying the right span, so later positions are kept more "
     "often). Prompt lookup also drafts nothing when "
