@@ -582,13 +582,17 @@ AMX_TARGET static void q4_on_tiles(const at::BFloat16* x, int64_t M, int64_t K, 
 
 // Without AMX: AVX-512 BF16 dot products, each output one fp32 sum over k's pairs in order from 0 (one vdpbf16ps a
 // pair), whatever rows come with it. R rows (a compile-time count, so the sums stay in registers) against NG weight
-// groups at once, the weights unpacked in registers line by line and each line used by all R rows: at one row the
-// step reads 0.625 bytes a weight and keeps NG independent chains of sums in flight; at 16 one line serves 16
-// products. Groups g0 .. g1 - 1 (NG of them from g), rows r0 .. r0 + R - 1.
-template <int R, int NG>
-Q4_TARGET static void q4_dots_block(const int32_t* xp, int64_t K, const uint8_t* q, at::BFloat16* y, int64_t N,
+// groups at once, each line of 32 weights used by all R rows. LINES false: the lines unpacked in registers from the
+// groups' tiles (src: group g's first tile, the rest after it): at one row the step reads 0.625 bytes a weight and
+// keeps NG independent chains of sums in flight; at 16 one line serves 16 products. LINES true: the lines read from a
+// buffer where they were unpacked once (src: group g's P lines, the rest after it), for more rows than one block (a
+// prompt's prefill): every block of rows reuses them from the thread's L2 instead of unpacking them again (the
+// unpacking is most of a one-row product's work). The sums are the same either way. Outputs: groups g .. g + NG - 1,
+// rows r0 .. r0 + R - 1.
+template <int R, int NG, bool LINES>
+Q4_TARGET static void q4_dots_block(const int32_t* xp, int64_t P, const void* src, at::BFloat16* y, int64_t N,
                                     int64_t g, int64_t r0) {
-  const int64_t B = K / 32, P = K / 2;   // x's pairs a row
+  const int64_t B = P / 16;   // tiles a group
   __m512 acc[NG][R];
   for (int j = 0; j < NG; ++j)
     for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
@@ -596,14 +600,19 @@ Q4_TARGET static void q4_dots_block(const int32_t* xp, int64_t K, const uint8_t*
   for (int64_t b = 0; b < B; ++b) {
     Q4Scales s[NG];
     const uint8_t* t[NG];
-    for (int j = 0; j < NG; ++j) {
-      t[j] = q + ((g + j) * B + b) * 320;
-      s[j] = q4_scales(t[j]);
-    }
+    if constexpr (!LINES)
+      for (int j = 0; j < NG; ++j) {
+        t[j] = static_cast<const uint8_t*>(src) + (j * B + b) * 320;
+        s[j] = q4_scales(t[j]);
+      }
     for (int kk = 0; kk < 16; ++kk) {
       const int64_t p = b * 16 + kk;
       __m512bh w[NG];
-      for (int j = 0; j < NG; ++j) w[j] = (__m512bh)q4_line(t[j], kk, s[j]);
+      for (int j = 0; j < NG; ++j)
+        if constexpr (LINES)
+          w[j] = (__m512bh)_mm512_loadu_si512(static_cast<const uint16_t*>(src) + (j * P + p) * 32);
+        else
+          w[j] = (__m512bh)q4_line(t[j], kk, s[j]);
       for (int r = 0; r < R; ++r) {
         const __m512bh xv = (__m512bh)_mm512_set1_epi32(xr[r * P + p]);
         for (int j = 0; j < NG; ++j) acc[j][r] = _mm512_dpbf16_ps(acc[j][r], xv, w[j]);
@@ -614,74 +623,47 @@ Q4_TARGET static void q4_dots_block(const int32_t* xp, int64_t K, const uint8_t*
     for (int r = 0; r < R; ++r) v16_store(y + (r0 + r) * N + (g + j) * 16, acc[j][r]);
 }
 
-// rows r0 .. r0 + R - 1 (R <= 16, a runtime count) against groups g0 .. g1 - 1: as many groups at once as keep 16
-// sums in registers
-template <int R>
-Q4_TARGET static void q4_dots_rows(const int32_t* xp, int64_t K, const uint8_t* q, at::BFloat16* y, int64_t N,
+// rows r0 .. r0 + R - 1 (a runtime count: R <= 16 from tiles, R <= 8 from lines) against groups g0 .. g1 - 1, their
+// tiles or lines from src: as many groups at once as keep 16 sums in registers (from lines, 24: nothing to unpack)
+template <int R, bool LINES>
+Q4_TARGET static void q4_dots_rows(const int32_t* xp, int64_t P, const void* src, at::BFloat16* y, int64_t N,
                                    int64_t g0, int64_t g1, int64_t r0) {
-  constexpr int NG = R <= 4 ? 4 : R <= 8 ? 2 : 1;
+  constexpr int NG = LINES ? (R <= 4 ? 6 : R <= 6 ? 4 : 3) : (R <= 4 ? 4 : R <= 8 ? 2 : 1);
+  const int64_t step = LINES ? P * 64 : P / 16 * 320;   // bytes a group
+  auto at = [&](int64_t g) { return static_cast<const uint8_t*>(src) + (g - g0) * step; };
   int64_t g = g0;
-  for (; g + NG <= g1; g += NG) q4_dots_block<R, NG>(xp, K, q, y, N, g, r0);
-  for (; g < g1; ++g) q4_dots_block<R, 1>(xp, K, q, y, N, g, r0);
-}
-
-// More rows than one block (a prompt's prefill): the same sums read their lines from a buffer. Lines w [NG groups,
-// P pairs, 32] bf16 unpacked once, so every block of rows reuses them from the thread's L2 instead of unpacking them
-// again (the unpacking is most of a one-row product's work). Each sum is still one vdpbf16ps a pair in order from 0.
-template <int R, int NG>
-Q4_TARGET static void q4_lines_block(const int32_t* xp, int64_t P, const uint16_t* w, at::BFloat16* y, int64_t N,
-                                     int64_t g, int64_t r0) {
-  __m512 acc[NG][R];
-  for (int j = 0; j < NG; ++j)
-    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
-  const int32_t* xr = xp + r0 * P;
-  for (int64_t p = 0; p < P; ++p) {
-    __m512bh wv[NG];
-    for (int j = 0; j < NG; ++j) wv[j] = (__m512bh)_mm512_loadu_si512((const void*)(w + (j * P + p) * 32));
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(xr[r * P + p]);
-      for (int j = 0; j < NG; ++j) acc[j][r] = _mm512_dpbf16_ps(acc[j][r], xv, wv[j]);
-    }
-  }
-  for (int j = 0; j < NG; ++j)
-    for (int r = 0; r < R; ++r) v16_store(y + (r0 + r) * N + (g + j) * 16, acc[j][r]);
-}
-
-// rows r0 .. r0 + R - 1 (R <= 8) against the C buffered groups from g: 24 sums in registers where the groups allow
-template <int R>
-Q4_TARGET static void q4_lines_rows(const int32_t* xp, int64_t P, const uint16_t* w, at::BFloat16* y, int64_t N,
-                                    int64_t g, int64_t C, int64_t r0) {
-  constexpr int NG = R <= 4 ? 6 : R <= 6 ? 4 : 3;
-  int64_t j = 0;
-  for (; j + NG <= C; j += NG) q4_lines_block<R, NG>(xp, P, w + j * P * 32, y, N, g + j, r0);
-  for (; j + 2 <= C; j += 2) q4_lines_block<R, 2>(xp, P, w + j * P * 32, y, N, g + j, r0);
-  for (; j < C; ++j) q4_lines_block<R, 1>(xp, P, w + j * P * 32, y, N, g + j, r0);
+  for (; g + NG <= g1; g += NG) q4_dots_block<R, NG, LINES>(xp, P, at(g), y, N, g, r0);
+  if constexpr (NG > 2)
+    for (; g + 2 <= g1; g += 2) q4_dots_block<R, 2, LINES>(xp, P, at(g), y, N, g, r0);
+  for (; g < g1; ++g) q4_dots_block<R, 1, LINES>(xp, P, at(g), y, N, g, r0);
 }
 
 Q4_TARGET static void q4_dots(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* q, at::BFloat16* y,
                               int64_t N, int64_t g0, int64_t g1) {
+  using Rows = void (*)(const int32_t*, int64_t, const void*, at::BFloat16*, int64_t, int64_t, int64_t, int64_t);
   const int32_t* xp = reinterpret_cast<const int32_t*>(x);   // x's pairs
-  if (M > 16) {
-    using Rows = void (*)(const int32_t*, int64_t, const uint16_t*, at::BFloat16*, int64_t, int64_t, int64_t, int64_t);
-    static constexpr Rows rows[9] = {nullptr, q4_lines_rows<1>, q4_lines_rows<2>, q4_lines_rows<3>, q4_lines_rows<4>,
-                                     q4_lines_rows<5>, q4_lines_rows<6>, q4_lines_rows<7>, q4_lines_rows<8>};
+  const int64_t B = K / 32, P = K / 2;
+  if (M > 16) {   // lines unpacked once per chunk of groups, then every block of 8 rows
+    static constexpr Rows rows[9] = {nullptr, q4_dots_rows<1, true>, q4_dots_rows<2, true>, q4_dots_rows<3, true>,
+                                     q4_dots_rows<4, true>, q4_dots_rows<5, true>, q4_dots_rows<6, true>,
+                                     q4_dots_rows<7, true>, q4_dots_rows<8, true>};
     constexpr int64_t C = 6;   // groups a buffer holds: K = 1536 takes 288 KiB
-    const int64_t B = K / 32, P = K / 2;
     std::vector<uint16_t> w(C * P * 32);
     for (int64_t c0 = g0; c0 < g1; c0 += C) {
-      const int64_t c = std::min(C, g1 - c0);
-      for (int64_t j = 0; j < c; ++j)
-        for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + ((c0 + j) * B + b) * 320, w.data() + (j * P + b * 16) * 32);
-      for (int64_t r0 = 0; r0 < M; r0 += 8) rows[std::min<int64_t>(8, M - r0)](xp, P, w.data(), y, N, c0, c, r0);
+      const int64_t c1 = std::min(g1, c0 + C);
+      for (int64_t g = c0; g < c1; ++g)
+        for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + ((g - c0) * P + b * 16) * 32);
+      for (int64_t r0 = 0; r0 < M; r0 += 8) rows[std::min<int64_t>(8, M - r0)](xp, P, w.data(), y, N, c0, c1, r0);
     }
     return;
   }
-  using Rows = void (*)(const int32_t*, int64_t, const uint8_t*, at::BFloat16*, int64_t, int64_t, int64_t, int64_t);
-  static constexpr Rows rows[17] = {nullptr, q4_dots_rows<1>, q4_dots_rows<2>, q4_dots_rows<3>, q4_dots_rows<4>,
-                                    q4_dots_rows<5>, q4_dots_rows<6>, q4_dots_rows<7>, q4_dots_rows<8>,
-                                    q4_dots_rows<9>, q4_dots_rows<10>, q4_dots_rows<11>, q4_dots_rows<12>,
-                                    q4_dots_rows<13>, q4_dots_rows<14>, q4_dots_rows<15>, q4_dots_rows<16>};
-  if (M > 0) rows[M](xp, K, q, y, N, g0, g1, 0);
+  static constexpr Rows rows[17] = {nullptr, q4_dots_rows<1, false>, q4_dots_rows<2, false>, q4_dots_rows<3, false>,
+                                    q4_dots_rows<4, false>, q4_dots_rows<5, false>, q4_dots_rows<6, false>,
+                                    q4_dots_rows<7, false>, q4_dots_rows<8, false>, q4_dots_rows<9, false>,
+                                    q4_dots_rows<10, false>, q4_dots_rows<11, false>, q4_dots_rows<12, false>,
+                                    q4_dots_rows<13, false>, q4_dots_rows<14, false>, q4_dots_rows<15, false>,
+                                    q4_dots_rows<16, false>};
+  if (M > 0) rows[M](xp, P, q + g0 * B * 320, y, N, g0, g1, 0);
 }
 
 static bool is_q4_tiles(const Tensor& q) {   // [G, B, 320] u8, as q4.py packs them
