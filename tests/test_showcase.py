@@ -70,6 +70,13 @@ def test_why_a_row_disagrees_is_said_in_its_own_numbers():
     dear = showcase.why(w, {**r, "plain_score_ms": 12.5})             # a verify 1.6x a one-token pass
     assert "Scoring the drafted tokens cost 1.60× scoring one here" in dear
     assert "Scoring the drafted" not in showcase.why(w, {**r, "plain_score_ms": 19.5})   # 1.03x: not the reason
+    # runs of 30 tokens that spent 100 ms before their first token and then 5 ms a token (10 plain): 41% of a run
+    long = {**r, "ttft_ms": 100.0, "tpot_ms": 5.0, "baseline_tpot_ms": 10.0, "tokens": 90, "prompts": 3}
+    said = showcase.why(w, long)
+    assert "spent 100 ms before its first token" in said and "41% of a speculative run" in said
+    assert "the decoding after it ran 2.00× plain's" in said
+    assert "before its first token" not in showcase.why(w, {**long, "ttft_ms": 20.0})   # 12%: not the reason
+    assert showcase.why(w, {**long, "benefit": "High"}) == ""                          # a row that lands says nothing
 
 
 def test_each_workload_names_a_drafter_that_can_show_it():

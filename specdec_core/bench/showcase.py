@@ -19,6 +19,7 @@ from .sweeps import Tick
 from .workloads import WORKLOADS, Workload, benefit
 
 ORDER = ("Negative", "Low", "Moderate", "High")   # benefit() from worst to best
+PREFILL_SHARE = 0.2   # a row whose runs spend this share or more before their first token says so
 
 
 def own_drafter(target: LM, w: Workload) -> tuple[str, object]:
@@ -48,7 +49,23 @@ def why(w: Workload, r: dict) -> str:
         txt += (f". Scoring the drafted tokens cost {score / one:.2f}× scoring one here: this machine pays for every "
                 f"verified row in arithmetic (no matrix units, or a step already quick to read its weights), so "
                 f"speculation has less spare compute to spend than the lesson assumes")
+    txt += prefill_said(r) if side == "worse" else ""
     return txt + (". Its pairs spread widely: noisy, rerun" if r.get("noisy") else "")
+
+
+def prefill_said(r: dict) -> str:
+    """Where a row's runs spent a large share before their first token (the prompt read through the target, which
+    speculation does not shorten): that share, and the speedup of what came after it; "" where it is small."""
+    ttft, tpot, base = r.get("ttft_ms") or 0.0, r.get("tpot_ms") or 0.0, r.get("baseline_tpot_ms") or 0.0
+    n = r.get("tokens", 0) / max(1, r.get("prompts", 1))      # tokens a run
+    if not (ttft and tpot and base and n > 1):
+        return ""
+    share = ttft / (ttft + (n - 1) * tpot)                    # of a speculative run
+    if share < PREFILL_SHARE:
+        return ""
+    return (f". Each run also spent {ttft:.0f} ms before its first token, reading the prompt, {share:.0%} of a "
+            f"speculative run: speculation does not shorten that part (the decoding after it ran {base / tpot:.2f}× "
+            f"plain's), so short answers after long prompts pull the whole run's ratio toward 1")
 
 
 def warm(target: LM, specs: list[tuple[str, object]], ids: list[int], sp: SamplingParams) -> None:
