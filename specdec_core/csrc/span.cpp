@@ -648,7 +648,8 @@ Q4_TARGET static void q4_dots(const at::BFloat16* x, int64_t M, int64_t K, const
                                      q4_dots_rows<4, true>, q4_dots_rows<5, true>, q4_dots_rows<6, true>,
                                      q4_dots_rows<7, true>, q4_dots_rows<8, true>};
     constexpr int64_t C = 6;   // groups a buffer holds: K = 1536 takes 288 KiB
-    std::vector<uint16_t> w(C * P * 32);
+    thread_local std::vector<uint16_t> w;   // kept: a new one each call was mapped and zeroed each call
+    if (w.size() < static_cast<size_t>(C * P * 32)) w.resize(C * P * 32);
     for (int64_t c0 = g0; c0 < g1; c0 += C) {
       const int64_t c1 = std::min(g1, c0 + C);
       for (int64_t g = c0; g < c1; ++g)
