@@ -3,6 +3,9 @@ problem, and a draft whose vocabulary differs from the target's is refused with 
 saying what differs (speculative decoding compares p and q id by id: Leviathan et al. 2023)."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -51,6 +54,22 @@ def test_local_directory_bf16(tmp_path, one_thread):
     lm = load(str(tmp_path), dtype="bf16", device="cpu")
     assert lm.dtype == torch.bfloat16 and next(lm.model.parameters()).dtype == torch.bfloat16
     assert lm.forward(torch.tensor([2, 3]), lm.new_cache()).dtype == torch.float32   # logits come back fp32
+
+
+def test_a_loaded_model_is_out_of_the_collectors_reach_and_still_freed(tmp_path, one_thread):
+    """load() freezes what is alive (a full collection walked ~400,000 objects, ~190 ms in a decode); a model
+    dropped afterwards must still be freed, by reference counting, with no collection run."""
+    save_tiny(tmp_path)
+    gc.unfreeze()
+    lm = load(str(tmp_path), dtype="fp32", device="cpu")
+    assert gc.get_freeze_count() > 1000
+    dead = weakref.ref(lm.model)
+    gc.disable()
+    try:
+        del lm
+        assert dead() is None
+    finally:
+        gc.enable()
 
 
 def test_missing_directory(tmp_path):
