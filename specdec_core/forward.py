@@ -84,7 +84,8 @@ class Dense:
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, pack: bool = True, int8: bool = False):
         self.w, self.b, self.packed, self.s = w, b, None, None   # packed: the prepared weight; s: int8's scales
-        self.q4 = None   # the same bf16 weights as 4-bit tiles (q4.attach: the bundled target's layers)
+        self.q4 = None   # the same bf16 weights as 4-bit tiles (q4.attach: the bundled target's layers), or as the
+        #                  dot products' bf16 lines (q4.attach_head: its head, without AMX)
         if int8 and int8_ok(w.device, w.dtype):
             s = w.float().abs().amax(1).clamp_min(1e-12) / 127                              # [N]
             self.packed = (w.float() / s[:, None]).round_().clamp_(-127, 127).to(torch.int8).contiguous()

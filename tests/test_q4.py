@@ -113,6 +113,37 @@ def test_the_bundled_targets_layers_all_read_their_blocks(bundled, ext):
     for b in f.blocks:
         for dn in (b.qkv, b.o, b.gu, b.down):
             assert dn.q4 is not None and torch.equal(q4.unpacked(ext.q4_lines(dn.q4)), dn.w)
+    # without AMX the LM head takes the same dot products, from its bf16 weights as lines; with AMX oneDNN's
+    assert (f.head.q4 is not None) == (not ext.q4_amx()) == f.q4_note.endswith("the LM head on the same dot products")
+    if f.head.q4 is not None:
+        assert torch.equal(f.head.q4, q4.lines_of(f.head.w))
+
+
+def test_the_heads_lines_give_each_row_its_own_bits_and_off_onednns_product_runs(ext):
+    """An LM head's bf16 weights as the dot products' lines (q4.lines_of; csrc/span.cpp's lines_product): every row
+    count from 1 to 21 gives a row the bits it gets alone, within bf16's rounding of the fp32 product, with a tail of
+    groups past the threads' chunks of 6; with the 4-bit products off, oneDNN's packed product (rows padded to 4)."""
+    g = torch.Generator().manual_seed(5)
+    N, K = 4096 + 16 * 5, 576
+    w = (torch.randn(N, K, generator=g) * 0.05).bfloat16()
+    lines = q4.lines_of(w)
+    assert lines.shape == (N // 16, K // 2, 32)
+    assert torch.equal(lines[5, 7].view(16, 2), w[80:96, 14:16])      # line p of group g: rows 16 g.., k = 2 p, 2 p + 1
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
+    x = torch.randn(21, K, generator=g).bfloat16()
+    y = ext.dense(x, packed, lines, None, 32, 4)
+    ref = x.float() @ w.float().t()
+    assert y.dtype == torch.bfloat16 and y.shape == (21, N)
+    assert ((y.float() - ref).abs() <= 2 ** -7 * ref.abs() + 1e-3).all()
+    for n in range(1, 21):
+        assert torch.equal(ext.dense(x[-n:].clone(), packed, lines, None, 32, 4), y[-n:]), n
+    was = ext.q4_products(False)
+    try:
+        off = ext.dense(x[:3].clone(), packed, lines, None, 32, 4)
+    finally:
+        ext.q4_products(was)
+    plain = torch.ops.mkldnn._linear_pointwise(torch.cat([x[:3], x.new_zeros(1, K)]), packed, None, "none", [], "")
+    assert torch.equal(off, plain[:3])
 
 
 def test_a_file_that_is_not_gguf_is_said_plainly(tmp_path, bundled):
