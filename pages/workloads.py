@@ -41,7 +41,7 @@ c1, c2 = st.columns([3, 2])
 with c1:
     own = st.toggle("Each workload with the drafter that shows its effect best", key="wl_own",
                     help="Chosen by measurement and kept with the workloads (bench/workloads.py): code and JSON with "
-                         "the distilled draft model, extraction and chat with prompt lookup (chat's answers reuse "
+                         "EAGLE's head, extraction and chat with prompt lookup (chat's answers reuse "
                          "the question's words), creative writing with the draft model at its hot temperature, "
                          "batch serving with prompt lookup over one large batch. Off: every workload with the "
                          "drafters you pick (and the sidebar's draft model).")

@@ -112,14 +112,14 @@ def test_workloads_defaults_use_each_workloads_own_drafter_beside_the_reference(
     at = open_page("workloads")
     assert at.session_state["draft_model"] == "distilled"             # the sidebar's default draft model
     assert at.multiselect(key="wl_which").value == list(WORKLOADS)     # all six on their defaults
-    assert "code → `draft (distilled)`" in text(at) and "json → `draft (distilled)`" in text(at)
+    assert "code → `eagle`" in text(at) and "json → `eagle`" in text(at) and "creative → `draft (distilled)`" in text(at)
     for key, val in dict(wl_which=["code", "extraction"], wl_prompts=1, wl_max_new=8).items():
         next(w for ws in (at.multiselect, at.slider, at.number_input) for w in ws if w.key == key).set_value(val)
     at.run()
     click(at, "wl_go")
     res = at.session_state["measure_workloads"]
     assert res.status == "done", res.error
-    assert [(r["name"], r["Drafter"]) for r in res.rows] == [("code", "draft (distilled)"), ("extraction", "lookup")]
+    assert [(r["name"], r["Drafter"]) for r in res.rows] == [("code", "eagle"), ("extraction", "lookup")]
     for r in res.rows:                                                 # where the time went, per row
         assert r["Step ms"] > 0 and r["Plain step ms"] > 0 and r["Verify ms/step"] > 0 and r["Draft ms/step"] >= 0
         assert (r["Lands"] == "yes") == WORKLOADS[r["name"]].agrees(r["Measured benefit"])

@@ -45,8 +45,9 @@ def machine() -> dict:
 
 def products() -> str:
     """The bundled target's layer products here: "q4-amx" or "q4-dots" (csrc/span.cpp's 4-bit kernel on AMX's
-    tiles or on AVX-512 BF16 dot products, q4.py) or "packed" (oneDNN's bf16 product). They sum in different
-    orders, so, as across kernel families, a greedy text (and an acceptance measured on it) can differ."""
+    tiles or on AVX-512 BF16 dot products, q4.py; with the dot products the LM head takes them too, since
+    2026-12-06) or "packed" (oneDNN's bf16 product). They sum in different orders, so, as across kernel families, a
+    greedy text (and an acceptance measured on it) can differ."""
     from .. import q4
     from ..forward import native_op
     on = native_op("q4_products")

@@ -70,10 +70,10 @@ def load_jsonl(path: str | Path) -> list[dict]:
 WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("code", "Code completion, boilerplate", "High",
              "syntax and idiom make the next token predictable, and code runs greedy or nearly so",
-             0.0, _load("code"), drafter="draft"),
+             0.0, _load("code"), drafter="eagle"),
     Workload("json", "Structured output (JSON, forms, templates)", "High",
              "braces, keys and delimiters are dictated by the format, so even a weak draft guesses them",
-             0.0, _load("json"), drafter="draft"),
+             0.0, _load("json"), drafter="eagle"),
     Workload("extraction", "Extraction, editing, RAG answers quoting sources", "High",
              "the answer copies spans of the context, the easiest text to draft; prompt lookup shines here",
              0.0, _load("extraction"), drafter="lookup"),
