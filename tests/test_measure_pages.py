@@ -229,8 +229,13 @@ def test_draft_length_page_draws_leviathan_from_measured_alpha_and_c():
     # why the measurement differs: the row cost of the forward that measured it, not another machine's
     from app import captions, runs
     block = runs.target().backend.row_block
+    assert res.extra["row_block"] == block                             # kept with the result it explains
     assert captions.row_cost(block) in text(at)
     assert ("blocks of 4" in text(at)) == (block == 4)
+    res.extra["row_block"] = 4 if block == 1 else 1                    # measured elsewhere: the page says that one's
+    at.run()
+    assert captions.row_cost(res.extra["row_block"]) in text(at) and captions.row_cost(block) not in text(at)
+    res.extra["row_block"] = block
     table = at.dataframe[0].value
     # c pooled over the sweep: draft time per drafted token over the mean plain forward
     draft_ms = sum(r["draft_ms_per_token"] * r["drafted"] for r in res.rows) / drafted
