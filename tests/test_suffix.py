@@ -45,6 +45,21 @@ def test_a_second_run_drafts_from_the_first_tiny(one_thread):
     assert recs[0].info["match"] >= 1 and recs[0].info["nodes"] >= 1
 
 
+def test_a_drafter_without_a_session_index_starts_each_run_afresh(one_thread):
+    """bench and profile time a prompt's repeats with one drafter object: without a session index, a repeat must
+    not find the earlier run's answer (it would draft all of it and the timing would be of a memorised reply)."""
+    tgt = tiny_lm(1)
+    prompt = [1, 2, 3, 4, 5, 6]
+    dr = make("suffix", tgt)
+    runs = [engine.run(tgt, dr, prompt, max_new_tokens=24, stop_at_eos=False) for _ in range(2)]
+    (a, ra, ma), (b, rb, mb) = runs
+    assert a == b and mb.steps == ma.steps and [r.drafted for r in ra] == [r.drafted for r in rb]
+    ix = SuffixIndex()                                        # with one, the second run drafts from the first
+    shared = make("suffix", tgt, index=ix)
+    engine.run(tgt, shared, prompt, max_new_tokens=24, stop_at_eos=False)
+    assert engine.run(tgt, shared, prompt, max_new_tokens=24, stop_at_eos=False)[2].steps < ma.steps
+
+
 def test_rerun_on_the_bundled_model_is_faster_per_step_and_identical(bundled):
     ids = bundled.encode("List three colours, one per line.")
     plain, _, _ = engine.run(bundled, make("none", bundled), ids, max_new_tokens=24)

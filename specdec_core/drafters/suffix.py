@@ -10,7 +10,8 @@ adapts to the match: `factor` nodes per matched token, up to `max_nodes`, and no
 multi-candidate rule of verify_tree.py, so the output law is the target's.
 
 Why it shines on repetitive, agent-like work: a second run of a similar request finds the first one's output in
-the index, so long continuations are proposed and accepted; prompt lookup sees only the current text.
+the index, so long continuations are proposed and accepted; prompt lookup sees only the current text. Runs share
+an index only where one is passed (the app passes the session's); without one, each run has its own.
 """
 from __future__ import annotations
 
@@ -88,11 +89,16 @@ class Suffix(Drafter):
         if factor <= 0 or max_nodes < 1 or not 0 <= min_prob <= 1:
             raise ValueError(f"need factor > 0, max_nodes >= 1 and 0 <= min_prob <= 1, got {factor}, "
                              f"{max_nodes}, {min_prob}")
+        self.shared = index                       # the session's index, if one was given
         self.index = index if index is not None else SuffixIndex()
         self.factor, self.max_nodes, self.min_prob = factor, max_nodes, min_prob
         self.doc, self.seen = -1, 0
 
     def begin(self, prompt: list[int]) -> None:
+        # without a session index each run starts from an empty one: a drafter reused for the timed repeats of
+        # one prompt (bench, profile) would otherwise find that prompt's own earlier answer and draft all of it
+        if self.shared is None:
+            self.index = SuffixIndex(self.index.max_match, self.index.max_tokens)
         self.doc, self.seen = self.index.open(), 0
 
     def sync(self, tokens: list[int]) -> None:
