@@ -66,6 +66,7 @@ class Run:
     status: str = "running"          # running | done | stopped
     baseline: RunMetrics | None = None
     note: str = ""                   # said before the run starts: a long prompt's length and time
+    index_from: int | None = None    # suffix decoding: the id its text takes in the session's index
 
     @property
     def metrics(self) -> RunMetrics | None:
@@ -123,12 +124,18 @@ def draft_lm(s: Settings, tgt):
         raise UserError(f"The drafter {s.drafter!r} cannot run: {e}") from e
 
 
-def make_drafter(s: Settings, tgt):
-    """The drafter for these settings; a draft model is loaded (cached) only for a drafter that runs one."""
+def session_index() -> SuffixIndex:
+    """This session's suffix index: every suffix-decoding run of the session adds its text, later ones draft from it."""
+    return st.session_state.setdefault("suffix_index", SuffixIndex())
+
+
+def make_drafter(s: Settings, tgt, before: int | None = None):
+    """The drafter for these settings; a draft model is loaded (cached) only for a drafter that runs one. `before`:
+    a session-index drafter drafts only from the runs before that one (suffix.Suffix)."""
     lm = draft_lm(s, tgt)
     kw = {}
     if drafters.entry(s.drafter).session_index:   # a later run drafts from this session's earlier ones
-        kw["index"] = st.session_state.setdefault("suffix_index", SuffixIndex())
+        kw = {"index": session_index(), "before": before}
     try:
         return drafters.make(s.drafter, tgt, draft_lm=lm, **kw)
     except IncompatibleModels as e:
@@ -195,7 +202,8 @@ def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
                               k_policy=s.k_policy if k else "fixed")
     except InputError as e:
         raise UserError(str(e)[:1].upper() + str(e)[1:] + ".") from e
-    run = Run(s, ids, tgt.tokenizer.decode(ids), note=note(tgt, len(ids), int(s.max_new_tokens)))
+    run = Run(s, ids, tgt.tokenizer.decode(ids), note=note(tgt, len(ids), int(s.max_new_tokens)),
+              index_from=session_index().next_id if drafters.entry(s.drafter).session_index else None)
     # one turn at the shared model at a time (app/turns.py); the page sets .on_wait to show the line
     return run, turns.queued(steps)
 

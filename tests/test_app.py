@@ -327,6 +327,26 @@ def test_race_counts_time_and_target_passes():
     assert ttft.loc["speculation off", "TTFT ms"] == pytest.approx(1e3 * plain.metrics.ttft_s)
 
 
+def test_a_suffix_race_times_its_repeats_from_the_index_the_live_run_saw(bundled):
+    """Suffix decoding drafts from the session's index, which the live lane has just added its answer to: the
+    timed repeats must not copy it (every pair drafts as the live one did, here from an empty index), and the
+    session keeps that answer once."""
+    from specdec_core import drafters, engine
+    at = new_app(drafter="suffix", temperature=0.0, max_new_tokens=12, prompt=REPEAT)
+    at.switch_page("../pages/race.py").run()
+    at.button(key="race").click().run()
+    assert not at.exception and not at.error
+    ix, spec = at.session_state.suffix_index, at.session_state.race_spec
+    steps = [r.drafted for r in spec.records]                # the median pair's
+    fresh = engine.run(bundled, drafters.make("suffix", bundled), spec.prompt_ids, max_new_tokens=12, k=spec.settings.k)
+    assert steps == [r.drafted for r in fresh[1]]
+    assert len(ix.docs) == 1 and spec.index_from in ix.docs
+    at.button(key="race").click().run()                     # a second race drafts from the first one's answer
+    assert len(at.session_state.suffix_index.docs) == 2
+    again = [r.drafted for r in at.session_state.race_spec.records]
+    assert len(again) < len(steps), (i, steps, again)
+
+
 def test_lesson_page_loads_a_workload_preset_into_the_sidebar():
     from app.sidebar import PRESETS, WORKLOADS
     at = new_app()

@@ -60,6 +60,22 @@ def test_a_drafter_without_a_session_index_starts_each_run_afresh(one_thread):
     assert engine.run(tgt, shared, prompt, max_new_tokens=24, stop_at_eos=False)[2].steps < ma.steps
 
 
+def test_a_run_limited_to_earlier_sequences_drafts_as_the_first_run_did(one_thread):
+    """The race times a run again from the session's index, which by then holds that run's own text: with `before`
+    the repeat drafts from what the first run saw (plus its own text), step for step."""
+    tgt, ix = tiny_lm(1), SuffixIndex()
+    prompt = [1, 2, 3, 4, 5, 6]
+    engine.run(tgt, make("suffix", tgt, index=ix), [6, 5, 4, 3, 2, 1], max_new_tokens=12, stop_at_eos=False)
+    live_doc = ix.next_id
+    a, ra, ma = engine.run(tgt, make("suffix", tgt, index=ix), prompt, max_new_tokens=24, stop_at_eos=False)
+    again = make("suffix", tgt, index=ix, before=live_doc)
+    for _ in range(2):
+        b, rb, mb = engine.run(tgt, again, prompt, max_new_tokens=24, stop_at_eos=False)
+        assert b == a and mb.steps == ma.steps and [r.drafted for r in rb] == [r.drafted for r in ra]
+    assert engine.run(tgt, make("suffix", tgt, index=ix), prompt, max_new_tokens=24,
+                      stop_at_eos=False)[2].steps < ma.steps          # without it: the earlier answers
+
+
 def test_rerun_on_the_bundled_model_is_faster_per_step_and_identical(bundled):
     ids = bundled.encode("List three colours, one per line.")
     plain, _, _ = engine.run(bundled, make("none", bundled), ids, max_new_tokens=24)

@@ -68,11 +68,15 @@ class SuffixIndex:
                 else:
                     self.ends.pop(key, None)
 
-    def continuations(self, tail: list[int], skip: tuple[int, int], depth: int) -> tuple[int, list[list[int]]]:
+    def continuations(self, tail: list[int], skip: tuple[int, int], depth: int,
+                      before: int | None = None) -> tuple[int, list[list[int]]]:
         """For the longest suffix of `tail` seen before (not counting the occurrence `skip`, the text itself):
-        (its length, the up-to-`depth` tokens that followed each earlier occurrence)."""
+        (its length, the up-to-`depth` tokens that followed each earlier occurrence). `before`: only sequences
+        opened before that id, and the text's own (skip's)."""
+        own = skip[0]
         for n in range(min(self.max_match, len(tail)), 0, -1):
-            occ = [e for e in self.ends.get(tuple(tail[-n:]), ()) if e != skip][-MAX_OCC:]   # the most recent
+            occ = [e for e in self.ends.get(tuple(tail[-n:]), ())
+                   if e != skip and (before is None or e[0] < before or e[0] == own)][-MAX_OCC:]   # the most recent
             conts = [self.docs[d][p:p + depth] for d, p in occ]
             conts = [c for c in conts if c]
             if conts:
@@ -85,13 +89,16 @@ class Suffix(Drafter):
     default_k = entry(name).default_k   # the deepest branch; the tree's size adapts to the match
 
     def __init__(self, index: SuffixIndex | None = None, factor: float = 2.0, max_nodes: int = 24,
-                 min_prob: float = 0.1):
+                 min_prob: float = 0.1, before: int | None = None):
+        """index: the session's, shared by its runs (None: each run its own); before: draft only from the
+        index's sequences opened before that id (and the run's own text), as a run that started then saw it:
+        a timed repeat of a run drafts from what that run drafted from, not from the run itself."""
         if factor <= 0 or max_nodes < 1 or not 0 <= min_prob <= 1:
             raise ValueError(f"need factor > 0, max_nodes >= 1 and 0 <= min_prob <= 1, got {factor}, "
                              f"{max_nodes}, {min_prob}")
         self.shared = index                       # the session's index, if one was given
         self.index = index if index is not None else SuffixIndex()
-        self.factor, self.max_nodes, self.min_prob = factor, max_nodes, min_prob
+        self.factor, self.max_nodes, self.min_prob, self.before = factor, max_nodes, min_prob, before
         self.doc, self.seen = -1, 0
 
     def begin(self, prompt: list[int]) -> None:
@@ -108,7 +115,7 @@ class Suffix(Drafter):
 
     def propose(self, ctx: DraftContext) -> Proposal:
         self.sync(ctx.tokens)
-        n, conts = self.index.continuations(ctx.tokens, (self.doc, len(ctx.tokens)), ctx.k)
+        n, conts = self.index.continuations(ctx.tokens, (self.doc, len(ctx.tokens)), ctx.k, self.before)
         if not n:
             return Proposal.empty(match=0)
         budget = min(self.max_nodes, max(1, math.ceil(self.factor * n)))
