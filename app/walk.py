@@ -10,6 +10,7 @@ from specdec_core import SamplingParams, drafters, engine
 from . import runs, turns, view
 
 TOKENS = 24  # the most any widget here decodes: seconds on a CPU
+FREE_UP_TO = 1.25   # a pass of 8 tokens at most this many times one still reads as "about the price of one"
 GREEDY = SamplingParams(temperature=0.0)
 
 

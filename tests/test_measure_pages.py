@@ -169,6 +169,10 @@ def test_temperature_page_one_point_per_temperature():
     table = at.dataframe[0].value
     assert {"Speedup min", "Speedup max", "Noisy", "Acceptance 95% low"} <= set(table.columns)
     assert not any("_" in c for c in table.columns)               # headers in words
+    from app import captions, runs
+    block = runs.target().backend.row_block                       # what a verify pass's rows cost, as measured
+    assert res.extra["row_block"] == block and captions.row_cost(block) in text(at)
+    assert ("every rejected guess costs time of its own" in text(at)) == (block == 1)
 
 
 def test_temperature_page_sampled_and_greedy_drafting_side_by_side():

@@ -279,7 +279,7 @@ def test_each_docs_link_reads_differently():
 
 
 def _said(at) -> str:
-    return "\n".join(x.value for xs in (at.markdown, at.caption, at.warning, at.success) for x in xs)
+    return "\n".join(x.value for xs in (at.markdown, at.caption, at.warning, at.success, at.info) for x in xs)
 
 
 def test_live_timings_and_verdicts_follow_the_measuring_rule(walk):
@@ -295,6 +295,9 @@ def test_live_timings_and_verdicts_follow_the_measuring_rule(walk):
     assert cost["pairs"] == passes.REPS and cost["ratio_min"] <= cost["ratio"] <= cost["ratio_max"]
     assert f"median of {passes.REPS} back-to-back pairs" in _said(walk)
     assert ("Noisy: rerun" in _said(walk)) == cost["noisy"] and look.target_forwards < plain.target_forwards
+    # "almost free" is the lesson's GPU: where 8 tokens cost clearly more than one, the section says so beside it
+    from app.walk import FREE_UP_TO
+    assert (f"Measured: 8 tokens cost {cost['ratio']:.2f}× one, not about the same" in _said(walk)) == (cost["ratio"] >= FREE_UP_TO)
 
     walk.radio(key="wt_section").set_value("workloads").run()
     walk.button(key="wt_run_workloads").click().run()
