@@ -652,27 +652,25 @@ Q4_TARGET static void line_blocks(const int32_t* xp, int64_t M, int64_t P, const
 
 Q4_TARGET static void q4_dots(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* q, at::BFloat16* y,
                               int64_t N, int64_t g0, int64_t g1) {
-  using Rows = DotRows;
   const int32_t* xp = reinterpret_cast<const int32_t*>(x);   // x's pairs
   const int64_t B = K / 32, P = K / 2;
   if (M > 16) {   // lines unpacked once per chunk of groups, then every block of 8 rows
-    constexpr int64_t C = LINE_GROUPS;
     thread_local std::vector<uint16_t> w;   // kept: a new one each call was mapped and zeroed each call
-    if (w.size() < static_cast<size_t>(C * P * 32)) w.resize(C * P * 32);
-    for (int64_t c0 = g0; c0 < g1; c0 += C) {
-      const int64_t c1 = std::min(g1, c0 + C);
+    if (w.size() < static_cast<size_t>(LINE_GROUPS * P * 32)) w.resize(LINE_GROUPS * P * 32);
+    for (int64_t c0 = g0; c0 < g1; c0 += LINE_GROUPS) {
+      const int64_t c1 = std::min(g1, c0 + LINE_GROUPS);
       for (int64_t g = c0; g < c1; ++g)
         for (int64_t b = 0; b < B; ++b) q4_unpack_tile(q + (g * B + b) * 320, w.data() + ((g - c0) * P + b * 16) * 32);
       line_blocks(xp, M, P, w.data(), y, N, c0, c1);
     }
     return;
   }
-  static constexpr Rows rows[17] = {nullptr, q4_dots_rows<1, false>, q4_dots_rows<2, false>, q4_dots_rows<3, false>,
-                                    q4_dots_rows<4, false>, q4_dots_rows<5, false>, q4_dots_rows<6, false>,
-                                    q4_dots_rows<7, false>, q4_dots_rows<8, false>, q4_dots_rows<9, false>,
-                                    q4_dots_rows<10, false>, q4_dots_rows<11, false>, q4_dots_rows<12, false>,
-                                    q4_dots_rows<13, false>, q4_dots_rows<14, false>, q4_dots_rows<15, false>,
-                                    q4_dots_rows<16, false>};
+  static constexpr DotRows rows[17] = {nullptr, q4_dots_rows<1, false>, q4_dots_rows<2, false>,
+                                       q4_dots_rows<3, false>, q4_dots_rows<4, false>, q4_dots_rows<5, false>,
+                                       q4_dots_rows<6, false>, q4_dots_rows<7, false>, q4_dots_rows<8, false>,
+                                       q4_dots_rows<9, false>, q4_dots_rows<10, false>, q4_dots_rows<11, false>,
+                                       q4_dots_rows<12, false>, q4_dots_rows<13, false>, q4_dots_rows<14, false>,
+                                       q4_dots_rows<15, false>, q4_dots_rows<16, false>};
   if (M > 0) rows[M](xp, P, q + g0 * B * 320, y, N, g0, g1, 0);
 }
 
@@ -904,20 +902,15 @@ static Tensor weight_product(const Tensor& x, const Tensor& w, const OptT& s, bo
   return packed ? linear_packed(x, w) : at::linear(x, w);
 }
 
-// s: an int8 weight's row scales, or a 4-bit weight (q4 [G, B, 320] u8) that stands for the packed bf16 one
+// s: an int8 weight's row scales, or a weight that stands for the packed bf16 one in our kernels' layout: 4-bit
+// tiles (q4 [G, B, 320] u8) or bf16 lines (the head's, [G, P, 32]); where x does not fit them, the packed one runs
 static Tensor dense(const Tensor& x, const Tensor& w, OptT s, const OptT& b, int64_t max_rows, int64_t rows) {
   const int64_t n = x.size(0);
   Tensor y;
-  if (s.has_value() && s->scalar_type() == at::kByte) {
-    if (q4_fits(x, *s)) {
-      y = q4_product(x, *s);
-      return b.has_value() ? y + *b : y;
-    }
-    s.reset();
-  }
-  if (s.has_value() && is_lines(*s)) {   // bf16 weights as the dot products' lines (the head)
-    if (lines_fit(x, *s)) {
-      y = lines_product(x, *s);
+  const bool tiles = s.has_value() && s->scalar_type() == at::kByte;
+  if (tiles || (s.has_value() && is_lines(*s))) {
+    if (tiles ? q4_fits(x, *s) : lines_fit(x, *s)) {
+      y = tiles ? q4_product(x, *s) : lines_product(x, *s);
       return b.has_value() ? y + *b : y;
     }
     s.reset();
