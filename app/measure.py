@@ -154,8 +154,14 @@ def measure(key: str, params: dict, names: list[str], s: Settings, total: Callab
     except UserError as e:
         res.status, res.error = "failed", str(e)
         return
+    res.extra["row_block"] = tgt.backend.row_block   # what a verify pass's rows cost where this was measured
     live = Live(key, total(specs), verb)
     collect(res, points(tgt, specs, live), live, figure)
+
+
+def row_block(res: Result) -> int:
+    """The row block of the forward that measured `res` (captions.row_cost says what it means), else today's."""
+    return res.extra.get("row_block") or runs.target().backend.row_block
 
 
 def section(key: str, params: dict, hint: str) -> Result | None:

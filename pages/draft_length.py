@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app import captions, limits, measure, runs, sidebar
+from app import captions, limits, measure, sidebar
 from specdec_core.bench import sweeps
 from specdec_core.bench.theory import expected_speedup, expected_tokens_per_step, theory
 from specdec_core.bench.workloads import WORKLOADS
@@ -121,7 +121,6 @@ def figure(rows: list[dict]) -> go.Figure:
 
 
 def points(tgt, specs, live):
-    st.session_state[KEY].extra["row_block"] = tgt.backend.row_block   # what the rows cost where this ran
     ids = measure.encode(tgt, WORKLOADS[wl].prompts[:n_prompts])
     sp = measure.sampling(s.temperature, s)
     yield from measure.sweep_points(sweeps.sweep_k, tgt, specs, ids, ks, s, live, temperature=sp.temperature,
@@ -173,9 +172,8 @@ st.markdown(
 st.markdown(
     "**Why the measurement may differ from the prediction.** The formula assumes each guess is kept "
     "independently with the same probability α, and that verifying k + 1 tokens costs the same as one target "
-    f"pass. {captions.row_cost(res.extra.get('row_block') or runs.target().backend.row_block)}; and Python "
-    "bookkeeping per step adds a fixed "
-    "cost the formula does not count. Acceptance "
+    f"pass. {captions.row_cost(measure.row_block(res))}; and Python bookkeeping per step adds a fixed cost the "
+    "formula does not count. Acceptance "
     "is not independent either: the right panel may show it changing with position (a drafter that copies text, "
     "once its first guesses are right, is usually copying the right span, so later positions are kept more "
     "often). Prompt lookup also drafts nothing when "

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app import captions, limits, measure, runs, sidebar
+from app import captions, limits, measure, sidebar
 from specdec_core import drafters
 from specdec_core.bench import sweeps
 from specdec_core.bench.workloads import WORKLOADS
@@ -81,7 +81,6 @@ def figure(rows: list[dict]) -> go.Figure:
 
 
 def points(tgt, specs, live):
-    st.session_state[KEY].extra["row_block"] = tgt.backend.row_block   # what the rows cost where this ran
     ids = measure.encode(tgt, WORKLOADS[wl].prompts[:n_prompts])
     for t in temps:
         measure.sampling(t, s)   # a clear message for a bad value, before any work
@@ -133,7 +132,7 @@ st.markdown(
     "Both rules are exact. At temperature 0 they are the same; as the temperature rises p flattens, p(x) of any "
     "single token shrinks, and greedy drafting's acceptance falls faster (choose *both* above to see the two "
     "curves, greedy dotted).")
-block = res.extra.get("row_block") or runs.target().backend.row_block   # where the sweep ran
+block = measure.row_block(res)   # where the sweep ran
 st.markdown(
     "**Why a CPU may differ from the lesson.** On a GPU one forward pass over k + 1 tokens costs little more "
     f"than over one, so even a modest acceptance rate can pay. {captions.row_cost(block)}"

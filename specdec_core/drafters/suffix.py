@@ -97,7 +97,7 @@ class Suffix(Drafter):
             raise ValueError(f"need factor > 0, max_nodes >= 1 and 0 <= min_prob <= 1, got {factor}, "
                              f"{max_nodes}, {min_prob}")
         self.shared = index                       # the session's index, if one was given
-        self.index = index if index is not None else SuffixIndex()
+        self.index = index if index is not None else SuffixIndex()   # a run's own one (begin) where not
         self.factor, self.max_nodes, self.min_prob, self.before = factor, max_nodes, min_prob, before
         self.doc, self.seen = -1, 0
 
@@ -105,7 +105,7 @@ class Suffix(Drafter):
         # without a session index each run starts from an empty one: a drafter reused for the timed repeats of
         # one prompt (bench, profile) would otherwise find that prompt's own earlier answer and draft all of it
         if self.shared is None:
-            self.index = SuffixIndex(self.index.max_match, self.index.max_tokens)
+            self.index = SuffixIndex()
         self.doc, self.seen = self.index.open(), 0
 
     def sync(self, tokens: list[int]) -> None:
