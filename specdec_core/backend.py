@@ -160,18 +160,25 @@ class Rows:
                            None if out_rows is None else torch.tensor(out_rows), hidden=True)
 
     def prefill(self, rows: list[list[int]]):
-        """Each row at its own positions from slot 0 -> per row the hidden states of its tokens [n, H], or None."""
-        flat = [t for r in rows for t in r]
+        """Each row at its own positions from slot 0 (a row that opens with the chat template's opening from its
+        stored rows: Forward.open) -> per row the hidden states of its tokens [n, H], or None."""
+        opened = [self.be.fwd.open(r, self.cache, i) for i, r in enumerate(rows)]
+        start = [0 if h is None else h.shape[0] for h in opened]
+        rest = [r[a:] for r, a in zip(rows, start)]
+        flat = [t for r in rest for t in r]
         for i, r in enumerate(rows):
             self.cache.set_length(i, len(r))
         if not flat:
             return None
-        owner = [i for i, r in enumerate(rows) for _ in r]
-        pos = [j for r in rows for j in range(len(r))]
-        end = torch.tensor([len(r) for r in rows]).cumsum(0).tolist()
+        owner = [i for i, r in enumerate(rest) for _ in r]
+        pos = [j for r, a in zip(rest, start) for j in range(a, a + len(r))]
+        end = torch.tensor([len(r) for r in rest]).cumsum(0).tolist()
         last = [max(e - 1, 0) for e in end]      # logits of each row's last token only (rows with none: unused)
         _, h = self._run(flat, owner, pos, out_rows=last)
-        return [h[e - len(r):e] for e, r in zip(end, rows)] if self.hidden else None
+        if not self.hidden:
+            return None
+        return [h[e - len(r):e] if h0 is None else torch.cat([h0, h[e - len(r):e]])
+                for e, r, h0 in zip(end, rest, opened)]
 
     def score(self, new: list[Slots]):
         """Per row its new slots -> per row (logits [n, V], hidden [n, H]), in one forward."""

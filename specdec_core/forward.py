@@ -296,6 +296,8 @@ class Forward:
         self.dtype, self.device = embed.dtype, embed.device
         self._cos = self._sin = torch.empty(0, head_dim, device=self.device)
         self._plans: dict = {}   # a tree plan's parts by shape (a step's tree shape recurs): _tree_plan
+        self.opening: tuple[int, ...] = ()   # the ids every chat prompt opens with (models.opening_of)
+        self._opened = None                  # their keys and values [2 L, Hkv, P, D] and hidden states [P, H]
         self._scale = torch.tensor([head_dim ** -0.5] * n_heads + [1.0] * n_kv, device=self.device)[:, None]
         # every product packed (the CPU): the one-row chain runs in _span_layers; its weights, layer by layer
         self._w = None
@@ -340,16 +342,47 @@ class Forward:
 
     def derive(self, blocks: list[Block], norm: torch.Tensor | None, head: Dense, vocab=None) -> "Forward":
         """Another network over this one's embedding and rotary table: an early exit's shared trunk and exit."""
-        return Forward(self.embed, blocks, norm, head, vocab, self.n_heads, self.n_kv, self.head_dim, self.eps,
-                       self.inv_freq, self.rope_scale)
+        f = Forward(self.embed, blocks, norm, head, vocab, self.n_heads, self.n_kv, self.head_dim, self.eps,
+                    self.inv_freq, self.rope_scale)
+        f.opening = self.opening
+        return f
 
     def append(self, ids: torch.Tensor, cache: KVCache, last_only: bool = False, hidden: bool = False):
-        """One sequence (row 0): ids [n] after what the cache holds; the cache's length grows by n."""
+        """One sequence (row 0): ids [n] after what the cache holds; the cache's length grows by n. A prompt's
+        prefill (an empty cache, the last row's logits) that opens with `opening` starts from its stored rows."""
+        ids = ids.view(-1)
+        h0 = self.open(ids.tolist(), cache, 0) if last_only and cache.lens[0] == 0 else None
+        if h0 is not None:
+            out = self.append(ids[h0.shape[0]:], cache, True, hidden)
+            return (out[0], torch.cat([h0, out[1]])) if hidden else out
         n, L = ids.numel(), cache.lens[0]
-        out = self(ids.view(-1), [0] * n, torch.arange(L, L + n), cache,
+        out = self(ids, [0] * n, torch.arange(L, L + n), cache,
                    out_rows=torch.tensor([n - 1]) if last_only else None, hidden=hidden)
         cache.lens[0] = L + n
         return out
+
+    @torch.inference_mode()
+    def open(self, ids: list[int], cache: KVCache, row: int) -> torch.Tensor | None:
+        """A prompt about to be read into an empty cache row: where it opens with `opening` (the chat template's
+        fixed start: a system message, the user turn's header) and goes on after it, that row's first P slots
+        get the opening's keys and values, run once per forward and kept, and its length is P; -> the opening's
+        hidden states [P, H]. Else None and nothing changes. Every row's numbers are the same whatever rows run
+        with it (the products, attention and norms each take a row alone), so the prompt's rows after the
+        opening get the bits a whole prefill gives them (tests/test_forward.py holds that); every request saves
+        the opening's prefill, ~35% of a short prompt's."""
+        P = len(self.opening)
+        if not P or len(ids) <= P or tuple(ids[:P]) != self.opening:
+            return None
+        if self._opened is None:
+            c = self.new_cache(1, P)
+            _, h = self(torch.tensor(self.opening), [0] * P, torch.arange(P), c, out_rows=torch.tensor([P - 1]),
+                        hidden=True)
+            self._opened = (c.kv[:, 0, :, :P].clone(), h.clone())
+        kv, h = self._opened
+        cache.reserve(P)
+        cache.kv[:, row, :, :P] = kv
+        cache.lens[row] = P
+        return h
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
         return KVCache(len(self.blocks), batch, self.n_kv, self.head_dim, self.kv_dtype(), self.device, capacity)

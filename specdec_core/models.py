@@ -158,10 +158,23 @@ def attach_forward(lm: LM, forward: str = "ours", q4_from: Path | None = None, *
             lm.fwd = Forward.from_model(lm.model, **kw)
             if q4_from is not None:
                 lm.fwd.q4_note = q4.attach(lm.fwd, q4_from)
+            lm.fwd.opening = opening_of(lm)
         except Unsupported as e:
             lm.fallback = f"{lm.name}: our forward does not cover it ({e}); running transformers' forward"
             print(f"note: {lm.fallback}", file=sys.stderr)
     return lm
+
+
+def opening_of(lm: LM) -> tuple[int, ...]:
+    """The ids every prompt the chat template makes opens with (a system message and the user turn's header:
+    24 for the bundled model), the longest start two different requests share; () without a template."""
+    if lm.tokenizer is None or not getattr(lm.tokenizer, "chat_template", None):
+        return ()
+    a, b = (lm.encode(t).tolist() for t in ("Hello", "Write a function."))
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return tuple(a[:n])
 
 
 def pick_device(device: str | None = None) -> torch.device:

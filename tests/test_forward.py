@@ -216,6 +216,44 @@ def test_a_sequence_scores_the_same_as_a_row_of_a_batch(either):
         assert torch.equal(got[3 * i:3 * i + 3], scored(lm, s[:-3], s[-3:])), f"row {i}"
 
 
+def test_a_prompt_read_from_the_stored_opening_is_the_whole_prefill(either):
+    """A prompt opening with the chat template's fixed start reads that start from the forward's stored rows: its
+    logits, hidden states and cache are bitwise those of reading it whole, alone or as a row of a batch, and a
+    prompt that does not open with it is read whole."""
+    lm = either
+    f = lm.fwd
+    opening = f.opening
+    assert len(opening) >= 8, "the bundled template opens every prompt with a system message"
+    prompts = [lm.encode(t).tolist()[:-1] for t in (TEXT, "List three colours.")] + [lm.encode(TEXT, raw=True).tolist()]
+    assert all(tuple(p[:len(opening)]) == opening for p in prompts[:2]) and tuple(prompts[2][:len(opening)]) != opening
+
+    def read(p, on):
+        f.opening, f._opened = (opening if on else ()), None if not on else f._opened
+        c = lm.new_cache()
+        logits, h = lm.forward(torch.tensor(p), c, last_only=True, hidden=True)
+        return logits, h, c.kv[:, :, :, :len(p)].clone(), c.lens
+
+    def batch(on):
+        f.opening = opening if on else ()
+        rows = lm.backend.rows(len(prompts), hidden=True)
+        h = rows.prefill(prompts)
+        return h, [rows.cache.kv[:, i, :, :len(p)].clone() for i, p in enumerate(prompts)], list(rows.cache.lens)
+
+    try:
+        for p in prompts:
+            with_, whole = read(p, True), read(p, False)
+            assert with_[3] == whole[3] == [len(p)]
+            for a, b in zip(with_[:3], whole[:3]):
+                assert torch.equal(a, b)
+        (h1, kv1, n1), (h0, kv0, n0) = batch(True), batch(False)
+        assert n1 == n0 == [len(p) for p in prompts]
+        for a, b in zip(h1 + kv1, h0 + kv0):
+            assert torch.equal(a, b)
+        assert f._opened is not None and f._opened[1].shape[0] == len(opening)
+    finally:
+        f.opening = opening
+
+
 def test_rollback_and_compaction_leave_a_fresh_prefill(bundled):
     """The static cache after rejected drafts (rolled back) and a compacted tree branch holds exactly the
     entries a fresh prefill of the committed tokens would."""
