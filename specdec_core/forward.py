@@ -114,6 +114,19 @@ class Dense:
         return _dense(x, self.weight, self.s, self.b, self.packed is not None, MAX_ROWS, ROWS)
 
 
+def kernels_now() -> tuple:
+    """The switches of csrc/span.cpp that decide which kernels a forward runs now (the 4-bit products, on AMX's
+    tiles or not, the attention loop, on AMX's tiles or not): tests and benches flip them, and each kernel rounds
+    its own way. None where the module is not built."""
+    got = [None if op is None else op(None) for op in map(native_op, ("q4_products", "q4_amx", "tile_attention"))]
+    att = native_op("own_attention")
+    if att is not None:                  # it has no query form: set it to what it was
+        was = att(True)
+        att(was)
+        got.append(was)
+    return tuple(got)
+
+
 @functools.lru_cache(maxsize=None)
 def native_op(name: str):
     """One of csrc/span.cpp's functions where native.py builds it (and SPECDEC_NATIVE is not 0), else None.
@@ -297,7 +310,8 @@ class Forward:
         self._cos = self._sin = torch.empty(0, head_dim, device=self.device)
         self._plans: dict = {}   # a tree plan's parts by shape (a step's tree shape recurs): _tree_plan
         self.opening: tuple[int, ...] = ()   # the ids every chat prompt opens with (models.opening_of)
-        self._opened = None                  # their keys and values [2 L, Hkv, P, D] and hidden states [P, H]
+        self._opened = None                  # (the kernels that ran them, their keys and values [2 L, Hkv, P, D],
+                                             # their hidden states [P, H])
         self._scale = torch.tensor([head_dim ** -0.5] * n_heads + [1.0] * n_kv, device=self.device)[:, None]
         # every product packed (the CPU): the one-row chain runs in _span_layers; its weights, layer by layer
         self._w = None
@@ -373,12 +387,13 @@ class Forward:
         P = len(self.opening)
         if not P or len(ids) <= P or tuple(ids[:P]) != self.opening:
             return None
-        if self._opened is None:
+        key = (kernels_now(), self.kv_dtype())   # a switched kernel rounds its own way: run the opening again
+        if self._opened is None or self._opened[0] != key:
             c = self.new_cache(1, P)
             _, h = self(torch.tensor(self.opening), [0] * P, torch.arange(P), c, out_rows=torch.tensor([P - 1]),
                         hidden=True)
-            self._opened = (c.kv[:, 0, :, :P].clone(), h.clone())
-        kv, h = self._opened
+            self._opened = (key, c.kv[:, 0, :, :P].clone(), h.clone())
+        _, kv, h = self._opened
         cache.reserve(P)
         cache.kv[:, row, :, :P] = kv
         cache.lens[row] = P

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 from specdec_core import InputError, make_drafter, run
 from specdec_core.batch import run_batch
-from specdec_core.forward import BLOCK, Forward, Unsupported
+from specdec_core.forward import BLOCK, Forward, Unsupported, native_op
 from specdec_core.models import LM, attach_forward, pick_dtype
 from specdec_core.tree import compile_tree
 from specdec_core.bench.workloads import load_jsonl
@@ -218,8 +218,8 @@ def test_a_sequence_scores_the_same_as_a_row_of_a_batch(either):
 
 def test_a_prompt_read_from_the_stored_opening_is_the_whole_prefill(either):
     """A prompt opening with the chat template's fixed start reads that start from the forward's stored rows: its
-    logits, hidden states and cache are bitwise those of reading it whole, alone or as a row of a batch, and a
-    prompt that does not open with it is read whole."""
+    logits, hidden states and cache are bitwise those of reading it whole, alone or as a row of a batch; a prompt
+    that does not open with it is read whole; and after a kernel is switched the opening is run again with it."""
     lm = either
     f = lm.fwd
     opening = f.opening
@@ -228,7 +228,7 @@ def test_a_prompt_read_from_the_stored_opening_is_the_whole_prefill(either):
     assert all(tuple(p[:len(opening)]) == opening for p in prompts[:2]) and tuple(prompts[2][:len(opening)]) != opening
 
     def read(p, on):
-        f.opening, f._opened = (opening if on else ()), None if not on else f._opened
+        f.opening = opening if on else ()
         c = lm.new_cache()
         logits, h = lm.forward(torch.tensor(p), c, last_only=True, hidden=True)
         return logits, h, c.kv[:, :, :, :len(p)].clone(), c.lens
@@ -249,7 +249,15 @@ def test_a_prompt_read_from_the_stored_opening_is_the_whole_prefill(either):
         assert n1 == n0 == [len(p) for p in prompts]
         for a, b in zip(h1 + kv1, h0 + kv0):
             assert torch.equal(a, b)
-        assert f._opened is not None and f._opened[1].shape[0] == len(opening)
+        assert f._opened is not None and f._opened[2].shape[0] == len(opening)
+        att = native_op("own_attention")
+        if att is not None:             # another attention kernel: the stored opening is run again with it
+            was = att(False)
+            try:
+                on, whole = read(prompts[0], True), read(prompts[0], False)
+                assert all(torch.equal(a, b) for a, b in zip(on[:3], whole[:3]))
+            finally:
+                att(was)
     finally:
         f.opening = opening
 
