@@ -118,13 +118,8 @@ def kernels_now() -> tuple:
     """The switches of csrc/span.cpp that decide which kernels a forward runs now (the 4-bit products, on AMX's
     tiles or not, the attention loop, on AMX's tiles or not): tests and benches flip them, and each kernel rounds
     its own way. None where the module is not built."""
-    got = [None if op is None else op(None) for op in map(native_op, ("q4_products", "q4_amx", "tile_attention"))]
-    att = native_op("own_attention")
-    if att is not None:                  # it has no query form: set it to what it was
-        was = att(True)
-        att(was)
-        got.append(was)
-    return tuple(got)
+    names = ("q4_products", "q4_amx", "tile_attention", "own_attention")
+    return tuple(None if op is None else op(None) for op in map(native_op, names))
 
 
 @functools.lru_cache(maxsize=None)

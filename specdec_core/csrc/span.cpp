@@ -1097,9 +1097,9 @@ static Tensor tree_attention(const Tensor& q, const Tensor& kc, const Tensor& vc
 // decoding is still compared with plain decoding run by the same loop.
 static bool own_att = true;
 
-static bool own_attention(bool on) {
+static bool own_attention(std::optional<bool> on) {   // None: only asks
   const bool was = own_att;
-  own_att = on;
+  if (on.has_value()) own_att = *on;
   return was;
 }
 
@@ -2351,7 +2351,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("row_argmax", &row_argmax, "each row's first maximum of x [R, V] (torch.argmax's index)");
   m.def("draft_top", &draft_top, "(the k largest log-softmax values of each row of y [n, V], their indices)");
-  m.def("own_attention", &own_attention, "the target's attention loop on, or off (ATen's ops); -> was it on");
+  m.def("own_attention", &own_attention, "the target's attention loop on, or off (ATen's ops), or as it is; -> was it on",
+        py::arg("on") = py::none());
   m.def("attend_chain", &attend_chain, "Forward._attend's chain rows through the attention loop (false: not here)");
   m.def("tile_attention", &tile_attention, "whether a bf16 model's attention runs on AMX's tiles (on: set that first)",
         py::arg("on") = py::none());
