@@ -183,8 +183,8 @@ the **Output contract** page measures both.""")
 elif sec == "workloads":
     st.markdown(f"""
 The lesson's expectations are about speed, and speed starts with **acceptance**: how many guesses the target
-keeps. Each workload is measured with the drafter that fits it (a copying drafter where the answer copies the
-context, the distilled draft model where a model is meant), at its usual temperature, on two of its prompts
+keeps. Each workload is measured with the drafter that fits it (the Drafter column; its Why says what that
+drafter is), at its usual temperature, on two of its prompts
 ({TOKENS} tokens each). The band each category needs is in the last column's note; speed itself, by the
 measuring rule, is on the **Workloads** page.""")
     r = live("workloads", "Measure each workload with its own drafter",

@@ -1,11 +1,14 @@
 """The fair queue in front of the shared model (specdec_core/serving/gate.py), with threads and no model: one
 holder at a time, turns round-robin so a short run is not starved by long ones, the right place in line
 while waiting, and the gate given back however a run ends (done, closed mid-run, failed, thread gone)."""
+import os
 import threading
 import time
 
 import pytest
+import torch
 
+from specdec_core import threads
 from specdec_core.serving.gate import Gate, Gated
 
 UNIT_S = 0.01   # one unit of work (a decode step)
@@ -231,3 +234,47 @@ def test_time_queued_mid_run_is_taken_off_the_items_clock():
 def test_a_bad_turn_length_is_refused():
     with pytest.raises(ValueError, match="turn length"):
         Gate(turn_s=-1)
+
+
+def _tasks() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not (os.path.isdir("/proc/self/task") and threads._pause() is not None),
+                    reason="needs Linux and an OpenMP runtime with omp_pause_resource_all")
+def test_a_thread_that_gives_its_turn_back_gives_back_its_cpu_workers():
+    """A thread that ran the model keeps its OpenMP workers while it lives; idle, they make every other thread's
+    parallel loops sleep at their barriers (threads.py). Giving the turn back frees them; a thread that used no
+    gate keeps them (the control)."""
+    gate, seen, done = Gate(), {}, threading.Event()
+
+    def one(name, gated):
+        n = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            seen[name, "start"] = _tasks()
+            ticket = gate.ticket(name)
+            if gated:
+                ticket.acquire()
+            (torch.ones(1 << 22) * 2).sum()   # a parallel loop: this thread's team of workers is made
+            seen[name, "held"] = _tasks()
+            ticket.release()
+            for _ in range(50):               # the freed workers exit on their own, soon after
+                if _tasks() <= seen[name, "start"]:
+                    break
+                time.sleep(0.02)
+            seen[name, "after"] = _tasks()
+        finally:
+            torch.set_num_threads(n)
+        done.wait(10)                         # alive and idle, as a session replaying its steps
+
+    for name, gated in (("gated", True), ("plain", False)):
+        done.clear()
+        t = threading.Thread(target=one, args=(name, gated))
+        t.start()
+        while (name, "after") not in seen and t.is_alive():
+            time.sleep(0.01)
+        done.set()
+        t.join(10)
+    assert seen["gated", "held"] > seen["gated", "start"] and seen["gated", "after"] == seen["gated", "start"]
+    assert seen["plain", "held"] > seen["plain", "start"] and seen["plain", "after"] == seen["plain", "held"]

@@ -56,7 +56,7 @@ class Entry:
 
 ENTRIES = {e.name: e for e in (
     Entry(PLAIN, "plain decoding: one target forward per token (the baseline)", 0),
-    Entry("lookup", "prompt lookup: copy the continuation of the latest n-gram match in the context", 11),
+    Entry("lookup", "prompt lookup: copy what followed the earliest earlier match of the text's last few tokens", 11),
     Entry("suffix", "suffix decoding: a tree of the most frequent continuations seen before in this session", 8,
           tree=True, session_index=True),
     Entry("draft", "a separate, smaller draft model with the same vocabulary", 3, reports_q=True,

@@ -11,8 +11,9 @@ due time before handing over). A turn nobody waited for is left out: a run alone
 its end, and that length says nothing about the wait in a line.
 
 A turn is always given back: `Gated` releases when its items run out, fail or are closed (a Stop, a rerun),
-and a holder whose thread has ended is dropped, so a run abandoned without a close cannot hold the line.
-Plain threading; nothing here knows about Streamlit.
+and a holder whose thread has ended is dropped, so a run abandoned without a close cannot hold the line. A
+thread that gives its turn back gives back its CPU worker threads too (threads.py): idle, they would slow the next
+holder's. Plain threading; nothing here knows about Streamlit.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
+
+from .. import threads
 
 OnWait = Callable[[int, float], None] | None   # (place in line, 1 = next; estimated seconds), while waiting
 POLL_S = 0.5   # how often a waiter re-reads its place (and its holder's liveness)
@@ -158,8 +161,11 @@ class Ticket:
         with self.gate.cv:
             if self in self.gate.line:
                 self.gate._leave(self)
+            mine = self.held and self.thread is threading.current_thread()
             if self.held:
                 self.gate._end(self)
+        if mine:   # its CPU workers, idle till its next turn, would slow the next holder's (threads.py)
+            threads.release()
 
     def due(self) -> bool:
         """Whether this turn is over: held for turn_s while someone waits."""

@@ -3,7 +3,7 @@ identical") applied to a production engine.
 
 Both engines read the same bundled GGUF and get the same prompt token ids (our chat template, applied once),
 decode greedily up to the same number of new tokens and stop at the same end-of-sequence ids. Each decodes
-plainly and with prompt lookup at the same k: ours is the `lookup` drafter (latest match of the last 3..1
+plainly and with prompt lookup at the same k: ours is the `lookup` drafter (earliest match of the last 5..1
 tokens), llama.cpp's is llama-cpp-python's `LlamaPromptLookupDecoding` (first match of the last 2..1 tokens).
 For every repeat and prompt the four runs go back to back in this process, the order reversed every other
 repeat, and each engine's speedup over its own plain decoding follows the project's one measuring rule

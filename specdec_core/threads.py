@@ -1,0 +1,45 @@
+"""The CPU's worker threads belong to the thread that called the model: give them back when it is done.
+
+torch's intra-op parallelism (and csrc/span.cpp's loops through it) is OpenMP. Under GNU OpenMP (libgomp, what
+torch's Linux wheels ship) every thread that opens a parallel region gets a team of its own workers, kept until
+that thread exits. Between regions the workers spin for a while, so the next region starts at once; a decode step
+opens hundreds of regions, so that spinning is much of its speed. But libgomp spins only while the process holds no
+more of its threads than there are CPUs: past that it falls back to sleeping at every barrier. So one idle thread
+that once ran the model and lives on (an app session replaying its steps, a server's request thread) slows every
+other thread's decoding. Measured on a 2-core AMD EPYC (avx512_bf16, no AMX), plain decoding of 48 tokens in one
+thread: 0.46-0.55 s, and 0.80-0.88 s while another thread that had run the model waited idle; 0.46-0.55 s again
+once that thread had called `release` (docs/measurements.md).
+
+`release()` frees the calling thread's team (OpenMP 5.0's omp_pause_resource_all, soft: the next region builds a
+new one, ~0.1 ms). The serving gate (serving/gate.py) calls it when a thread gives back its turn at the model. Where
+the runtime lacks it (another OpenMP, or none), it does nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+OMP_PAUSE_SOFT = 1
+RUNTIMES = ("libgomp.so.1", "libomp.so", "libiomp5.so", "libomp.dylib")   # torch's OpenMP, whichever is loaded
+
+
+@functools.lru_cache(maxsize=1)
+def _pause():
+    """omp_pause_resource_all of the OpenMP runtime torch runs on, or None."""
+    import torch   # loads torch's own runtime first, so the names below find that one
+    if not torch.backends.openmp.is_available():
+        return None
+    for name in RUNTIMES:
+        try:
+            f = ctypes.CDLL(name).omp_pause_resource_all
+        except (OSError, AttributeError):
+            continue
+        f.argtypes, f.restype = [ctypes.c_int], ctypes.c_int
+        return f
+    return None
+
+
+def release() -> bool:
+    """Free the calling thread's OpenMP workers (it must not be inside a parallel region) -> whether it did."""
+    f = _pause()
+    return f is not None and f(OMP_PAUSE_SOFT) == 0
