@@ -10,9 +10,11 @@ other thread's decoding. Measured on a 2-core AMD EPYC (avx512_bf16, no AMX), pl
 thread: 0.46-0.55 s, and 0.80-0.88 s while another thread that had run the model waited idle; 0.46-0.55 s again
 once that thread had called `release` (docs/measurements.md).
 
-`release()` frees the calling thread's team (OpenMP 5.0's omp_pause_resource_all, soft: the next region builds a
-new one, ~0.1 ms). The serving gate (serving/gate.py) calls it when a thread gives back its turn at the model. Where
-the runtime lacks it (another OpenMP, or none), it does nothing.
+`release()` frees the calling thread's team (OpenMP 5.0's omp_pause_resource_all, soft, which libgomp applies to
+the calling thread's own team only: the next region builds a new one, ~0.1 ms). The serving gate (serving/gate.py)
+calls it when a thread gives back its turn at the model, before the next one can start. Under another runtime (LLVM's
+or Intel's, whose pause is process-wide and whose idle workers sleep after a fixed time anyway) or none, it does
+nothing.
 """
 from __future__ import annotations
 
@@ -20,23 +22,21 @@ import ctypes
 import functools
 
 OMP_PAUSE_SOFT = 1
-RUNTIMES = ("libgomp.so.1", "libomp.so", "libiomp5.so", "libomp.dylib")   # torch's OpenMP, whichever is loaded
+RUNTIME = "libgomp.so.1"   # GNU OpenMP's name: torch's own copy on Linux, already loaded, is the one found
 
 
 @functools.lru_cache(maxsize=1)
 def _pause():
-    """omp_pause_resource_all of the OpenMP runtime torch runs on, or None."""
-    import torch   # loads torch's own runtime first, so the names below find that one
+    """GNU OpenMP's omp_pause_resource_all where torch runs on it, or None."""
+    import torch   # loads torch's own runtime first, so the name below finds that one
     if not torch.backends.openmp.is_available():
         return None
-    for name in RUNTIMES:
-        try:
-            f = ctypes.CDLL(name).omp_pause_resource_all
-        except (OSError, AttributeError):
-            continue
-        f.argtypes, f.restype = [ctypes.c_int], ctypes.c_int
-        return f
-    return None
+    try:
+        f = ctypes.CDLL(RUNTIME).omp_pause_resource_all
+    except (OSError, AttributeError):
+        return None
+    f.argtypes, f.restype = [ctypes.c_int], ctypes.c_int
+    return f
 
 
 def release() -> bool:

@@ -158,14 +158,13 @@ class Ticket:
             raise
 
     def release(self) -> None:
+        if self.held and self.thread is threading.current_thread():
+            threads.release()   # its CPU workers, idle till its next turn, would slow the next holder's (threads.py)
         with self.gate.cv:
             if self in self.gate.line:
                 self.gate._leave(self)
-            mine = self.held and self.thread is threading.current_thread()
             if self.held:
                 self.gate._end(self)
-        if mine:   # its CPU workers, idle till its next turn, would slow the next holder's (threads.py)
-            threads.release()
 
     def due(self) -> bool:
         """Whether this turn is over: held for turn_s while someone waits."""
