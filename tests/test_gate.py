@@ -236,34 +236,34 @@ def test_a_bad_turn_length_is_refused():
         Gate(turn_s=-1)
 
 
-def _tasks() -> int:
-    return len(os.listdir("/proc/self/task"))
+def _tasks() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
 
 
 @pytest.mark.skipif(not (os.path.isdir("/proc/self/task") and threads._pause() is not None),
-                    reason="needs Linux and an OpenMP runtime with omp_pause_resource_all")
+                    reason="needs Linux and GNU OpenMP with omp_pause_resource_all")
 def test_a_thread_that_gives_its_turn_back_gives_back_its_cpu_workers():
     """A thread that ran the model keeps its OpenMP workers while it lives; idle, they make every other thread's
     parallel loops sleep at their barriers (threads.py). Giving the turn back frees them; a thread that used no
     gate keeps them (the control)."""
-    gate, seen, done = Gate(), {}, threading.Event()
+    gate, workers, left, done = Gate(), {}, {}, threading.Event()
 
     def one(name, gated):
         n = torch.get_num_threads()
         torch.set_num_threads(2)
         try:
-            seen[name, "start"] = _tasks()
             ticket = gate.ticket(name)
             if gated:
                 ticket.acquire()
+            before = _tasks()
             (torch.ones(1 << 22) * 2).sum()   # a parallel loop: this thread's team of workers is made
-            seen[name, "held"] = _tasks()
+            workers[name] = _tasks() - before
             ticket.release()
-            for _ in range(50):               # the freed workers exit on their own, soon after
-                if _tasks() <= seen[name, "start"]:
+            for _ in range(100):              # freed workers exit on their own, soon after
+                if not workers[name] & _tasks():
                     break
                 time.sleep(0.02)
-            seen[name, "after"] = _tasks()
+            left[name] = workers[name] & _tasks()
         finally:
             torch.set_num_threads(n)
         done.wait(10)                         # alive and idle, as a session replaying its steps
@@ -272,9 +272,9 @@ def test_a_thread_that_gives_its_turn_back_gives_back_its_cpu_workers():
         done.clear()
         t = threading.Thread(target=one, args=(name, gated))
         t.start()
-        while (name, "after") not in seen and t.is_alive():
+        while name not in left and t.is_alive():
             time.sleep(0.01)
         done.set()
         t.join(10)
-    assert seen["gated", "held"] > seen["gated", "start"] and seen["gated", "after"] == seen["gated", "start"]
-    assert seen["plain", "held"] > seen["plain", "start"] and seen["plain", "after"] == seen["plain", "held"]
+    assert workers["gated"] and not left["gated"]
+    assert workers["plain"] and left["plain"] == workers["plain"]
