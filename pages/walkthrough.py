@@ -97,18 +97,30 @@ A draft that splits text into different tokens cannot be verified at all, and th
             # the draft borrows the target's embedding (tied): count only what it adds
             emb = d.model.get_input_embeddings().weight.numel()
             out["draft"] = sum(p.numel() for p in d.model.parameters()) - emb
+            out["time"] = passes.draft_cost(d, tgt, tgt.encode(REPEAT).tolist())
         except Exception as e:
             out["draft_error"] = runs.friendly(e)
         out["refusal"] = lesson.refusal(tgt)
         return out
     r = live("two", "Measure the draft's cost and try an incompatible pair", _two)
     if r:
-        c = st.columns(2)
+        c = st.columns(3)
         c[0].metric("target parameters", f"{r['target'] / 1e6:.1f} M")
         if "draft" in r:
             c[1].metric("extra parameters for the draft", f"{r['draft'] / 1e6:.1f} M",
                         f"{2 * r['draft'] / 2**20:.0f} MiB more in bf16, plus its KV cache", delta_color="off",
                         delta_arrow="off")
+            t = r["time"]
+            c[2].metric("a drafted token's time, c", f"{t['small_ms'] / t['big_ms']:.2f} of a target step",
+                        f"{t['small_ms']:.1f} ms against {t['big_ms']:.1f} ms", delta_color="off", delta_arrow="off")
+            (st.warning if t["noisy"] else st.caption)(
+                f"The median of {t['pairs']} rounds, each a target pass and then 4 draft passes, the order a "
+                "decode step runs them in (so the draft reads its weights back after the target's pass); the "
+                f"rounds' target/draft ratios ran from {t['ratio_min']:.1f}× to {t['ratio_max']:.1f}×"
+                + (". **Noisy: rerun** (the machine is busy). " if t["noisy"] else ". ")
+                + f"Each drafted token costs a draft pass, so a draft of k = 4 adds about "
+                f"{4 * t['small_ms'] / t['big_ms']:.1f} target steps of drafting to every verification; the "
+                "guesses it gets kept must pay for that (Leviathan et al. call this ratio c).")
         else:
             c[1].warning(r["draft_error"])
         st.markdown("**An incompatible pair, refused:**")

@@ -150,6 +150,23 @@ def test_pass_costs_through_the_models_own_forward(forward):
         passes.batch_cost(lm, (0,))
 
 
+@pytest.mark.parametrize("forward", ["hf", "ours"])
+def test_a_draft_pass_is_timed_against_the_target_pass_at_the_same_place(forward):
+    """Each timed pass scores the same positions every time (its cache rolled back), in its own model's cache."""
+    draft, target = tiny_lm(1, forward=forward), tiny_lm(0, forward=forward)
+    ctx = [3, 1, 4, 1, 5, 9, 2, 6]
+    once = passes.one_pass(draft, ctx, 1)
+    a, b = once(), once()
+    assert torch.equal(a, b)   # not rolled back, the second call would sit one position later and differ
+    assert not torch.equal(a, passes.one_pass(target, ctx, 1)())
+    r = passes.draft_cost(draft, target, ctx, reps=3)
+    assert r["pairs"] == 3 and r["small_ms"] > 0 and r["big_ms"] > 0 and r["ratio_min"] <= r["ratio"] <= r["ratio_max"]
+    with pytest.raises(ValueError, match="at least one token"):
+        passes.draft_cost(draft, target, [])
+    with pytest.raises(ValueError, match="k must be"):
+        passes.draft_cost(draft, target, ctx, k=0)
+
+
 # -- the lesson's workload table --------------------------------------------------------------------------------
 
 def test_workload_verdicts_by_acceptance_band():

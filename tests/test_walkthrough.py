@@ -216,6 +216,9 @@ def test_live_widgets_run_the_real_decoder(walk):
     assert not walk.exception
     r = walk.session_state["wt_result_two"]
     assert "cannot draft for target" in r["refusal"] and "vocabulary sizes differ" in r["refusal"]
+    t = r["time"]   # the shipped draft's pass timed against the target's: a fraction of it, shown as c
+    assert 0 < t["small_ms"] < t["big_ms"] and t["pairs"] == 7
+    assert any(m.label == "a drafted token's time, c" for m in walk.metric)
     assert any("cannot draft" in e.value for e in walk.error)
 
 

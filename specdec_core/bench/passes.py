@@ -23,7 +23,7 @@ REPS = 7        # pairs per figure: enough for a median and a spread, a few seco
 WARM = 1        # pairs run first and dropped: the first call of a shape pays one-off setup
 
 
-def paired(small: Callable[[], None], big: Callable[[], None], reps: int = REPS, warm: int = WARM) -> dict:
+def paired(small: Callable[[], object], big: Callable[[], object], reps: int = REPS, warm: int = WARM) -> dict:
     """Time `small` and `big` back to back `reps` times (order alternating) -> ms of each (median, min, max)
     and big / small by the measuring rule: `ratio` (median pair), `ratio_min`, `ratio_max`, `noisy`."""
     if reps < 1:
@@ -36,6 +36,11 @@ def paired(small: Callable[[], None], big: Callable[[], None], reps: int = REPS,
             fns[side]()
             if r >= warm:
                 ms[side].append((time.perf_counter() - t) * 1e3)
+    return _figures(ms)
+
+
+def _figures(ms: dict[str, list[float]]) -> dict:
+    """Paired ms of `small` and `big` -> big / small by the measuring rule, with each side's median and range."""
     # the rule is written for rates (tokens/s); a pass's rate is 1 / ms, so rate(small) / rate(big) = big / small
     rule = ratios([1 / x for x in ms["small"]], [1 / x for x in ms["big"]])
     out = {"ratio": rule["speedup"], "ratio_min": rule["speedup_min"], "ratio_max": rule["speedup_max"],
@@ -45,22 +50,50 @@ def paired(small: Callable[[], None], big: Callable[[], None], reps: int = REPS,
     return out
 
 
+def one_pass(lm: LM, context: list[int], q: int) -> Callable[[], object]:
+    """A pass of `lm` scoring q new tokens after `context` -> its output; the cache rolled back after each
+    call, so every call scores the same positions."""
+    cache = lm.new_cache()
+    lm.forward(torch.tensor(context), cache)
+    ids = torch.tensor(context[:q])
+
+    def f():
+        out = lm.forward(ids, cache)
+        cache.crop(-q)
+        return out
+    return f
+
+
 def token_cost(lm: LM, context: list[int], small: int = 1, big: int = 8, reps: int = REPS) -> dict:
     """One target pass scoring `small` vs `big` new tokens after `context` (the cache rolled back after each):
     a decode step against a verify step of big - 1 drafts. -> paired()'s figures."""
     if not 1 <= small < big <= len(context):
         raise ValueError(f"need 1 <= small < big <= the context's {len(context)} tokens, got {small} and {big}")
-    cache = lm.new_cache()
-    lm.forward(torch.tensor(context), cache)
+    return paired(one_pass(lm, context, small), one_pass(lm, context, big), reps)
 
-    def once(q: int) -> Callable[[], None]:
-        ids = torch.tensor(context[:q])
 
-        def f():
-            lm.forward(ids, cache)
-            cache.crop(-q)
-        return f
-    return paired(once(small), once(big), reps)
+def draft_cost(draft: LM, target: LM, context: list[int], reps: int = REPS, k: int = 4) -> dict:
+    """A draft model's one-token pass against the target's, both after `context`: what each drafted token costs
+    next to a target step, Leviathan et al.'s (2023) c = 1 / ratio. Timed in the order a decode step meets them,
+    not alternating: a target pass, then k draft passes (the first reads the draft's weights back from memory,
+    the target's pass having evicted them from the caches; the rest find them there), `reps` times after one
+    warm-up round. -> paired()'s figures (small: the draft, its mean ms per pass over each round's k)."""
+    if not context:
+        raise ValueError("need a context of at least one token")
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    d, t = one_pass(draft, context, 1), one_pass(target, context, 1)
+    ms = {"small": [], "big": []}
+    for r in range(reps + WARM):
+        a = time.perf_counter()
+        t()
+        b = time.perf_counter()
+        for _ in range(k):
+            d()
+        if r >= WARM:
+            ms["big"].append((b - a) * 1e3)
+            ms["small"].append((time.perf_counter() - b) * 1e3 / k)
+    return _figures(ms)
 
 
 def batch_cost(lm: LM, batches=(1, 4, 8), tokens=(1, 5), context: int = 16, reps: int = 5,
