@@ -7,7 +7,7 @@ opens hundreds of regions, so that spinning is much of its speed. But libgomp sp
 more of its threads than there are CPUs: past that it falls back to sleeping at every barrier. So one idle thread
 that once ran the model and lives on (an app session replaying its steps, a server's request thread) slows every
 other thread's decoding. Measured on a 2-core AMD EPYC (avx512_bf16, no AMX), plain decoding of 48 tokens in one
-thread: 0.46-0.55 s, and 0.80-0.88 s while another thread that had run the model waited idle; 0.46-0.55 s again
+thread: 0.44-0.51 s, and 0.80-0.88 s while another thread that had run the model waited idle; 0.46-0.55 s
 once that thread had called `release` (docs/measurements.md).
 
 `release()` frees the calling thread's team (OpenMP 5.0's omp_pause_resource_all, soft, which libgomp applies to
