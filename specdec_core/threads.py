@@ -3,9 +3,9 @@
 torch's intra-op parallelism (and csrc/span.cpp's loops through it) is OpenMP. Under GNU OpenMP (libgomp, what
 torch's Linux wheels ship) every thread that opens a parallel region gets a team of its own workers, kept until
 that thread exits. Between regions the workers spin for a while, so the next region starts at once; a decode step
-opens hundreds of regions, so that spinning is much of its speed. But libgomp spins only while the process holds no
+opens over a hundred regions, so that spinning is much of its speed. But libgomp spins only while the process holds no
 more of its threads than there are CPUs: past that it falls back to sleeping at every barrier. So one idle thread
-that once ran the model and lives on (an app session replaying its steps, a server's request thread) slows every
+that once ran the model and lives on (an app session waiting in line for its next turn) slows every
 other thread's decoding. Measured on a 2-core AMD EPYC (avx512_bf16, no AMX), plain decoding of 48 tokens in one
 thread: 0.44-0.51 s, and 0.80-0.88 s while another thread that had run the model waited idle; 0.46-0.55 s
 once that thread had called `release` (docs/measurements.md).

@@ -266,7 +266,7 @@ def test_a_thread_that_gives_its_turn_back_gives_back_its_cpu_workers():
             left[name] = workers[name] & _tasks()
         finally:
             torch.set_num_threads(n)
-        done.wait(10)                         # alive and idle, as a session replaying its steps
+        done.wait(10)                         # alive and idle, as a session waiting in line
 
     for name, gated in (("gated", True), ("plain", False)):
         done.clear()
