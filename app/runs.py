@@ -78,7 +78,13 @@ FORWARDS = dict(zip(FORWARD_NAMES, ("ours: batch-invariant", "transformers' (ref
 
 @st.cache_resource(show_spinner="Loading the model: once per server, about 20 seconds…", max_entries=4)
 def model(spec: str):
-    return load(spec)
+    lm = load(spec)
+    try:
+        with turns.hold():   # the warm-up runs the model: in turn, like every run (and its CPU workers given back)
+            engine.warm(lm)
+    except Exception:   # noqa: BLE001 -- a model that cannot decode says so, in words, at its first run
+        pass
+    return lm
 
 
 def reference(lm: LM) -> LM:

@@ -43,7 +43,8 @@ def message(place: int, eta: float) -> str:
 
 
 def _unpause(rec: StepRecord, seconds: float) -> StepRecord:
-    """A step record's clock runs through the time queued between steps: take that time off."""
+    """A step record's clock runs through the time queued between steps and the time the page spent drawing
+    between them: take that time off, so a run read live times as the decoder ran."""
     return dataclasses.replace(rec, elapsed=rec.elapsed - seconds)
 
 

@@ -365,6 +365,21 @@ def test_greedy_fp32_exact(prompt, bundled_fp32, truncated_dir, monkeypatch, one
         monkeypatch.undo()
 
 
+def test_warming_a_model_pays_the_first_decodes_costs_and_changes_no_output(bundled, one_thread):
+    """engine.warm, what the app runs once it has loaded a model: afterwards the chat template's opening is stored
+    (so the first run a page times reads it as every later run does), and a run decodes what it did before."""
+    lm, ids = bundled, bundled.encode("Name three colours.")
+    saved = lm.fwd._opened
+    try:
+        before = engine.run(lm, make("none", lm), ids, max_new_tokens=8, detail=False)[0]
+        lm.fwd._opened = None
+        engine.warm(lm)
+        assert lm.fwd._opened is not None
+        assert engine.run(lm, make("none", lm), ids, max_new_tokens=8, detail=False)[0] == before
+    finally:
+        lm.fwd._opened = saved
+
+
 @pytest.mark.parametrize("prompt", list(PROMPTS))
 def test_greedy_default_dtype_reference_forward(prompt, bundled_any, truncated_dir, one_thread):
     """transformers' forward (the reference) in the app's dtype. Plain decoding must equal generate() exactly:

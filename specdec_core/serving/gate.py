@@ -50,7 +50,13 @@ class Gate:
 
     @contextmanager
     def hold(self, who: str = "", on_wait: OnWait = None) -> Iterator[Ticket]:
-        """Hold the gate for a block (calling `spell()` inside it lets others in at safe points)."""
+        """Hold the gate for a block (calling `spell()` inside it lets others in at safe points). A thread that
+        already holds it runs the block in its turn: model work called from inside a held block (a model loaded,
+        and warmed, at its first use there) would otherwise wait for the thread itself."""
+        h = self.holder
+        if h is not None and h.thread is threading.current_thread():
+            yield h
+            return
         t = self.ticket(who)
         t.acquire(on_wait)
         try:
@@ -208,8 +214,10 @@ class Gated:
     handing the turn on at the safe points between items.
 
     `on_wait(place, eta)` may be set after construction (a page sets it once it has drawn its progress bar);
-    `shift(item, seconds)` corrects an item for the time queued since the first turn (a record's clock runs
-    through the waits); `last(item)` says an item is the final one, so the turn is given back with it
+    `shift(item, seconds)` corrects an item for the time that was not the items' making: queued since the first
+    turn, and spent by the reader between items (a page drawing the last one while the next waits to be made).
+    A record's clock runs through both, and a run read live would otherwise time slower than the same run read
+    at once; `last(item)` says an item is the final one, so the turn is given back with it
     rather than after another wait in line just to learn that the items are over. close() -- or the end of
     the items, or an error -- gives the turn back and closes the items."""
 
@@ -218,6 +226,8 @@ class Gated:
         self.ticket = gate.ticket(who)
         self.items: Iterator | None = iter(items)
         self.on_wait, self.shift, self.last = on_wait, shift, last
+        self.reading = 0.0                 # seconds the reader spent between items
+        self._given: float | None = None   # when the last item was handed over
 
     def __iter__(self) -> Gated:
         return self
@@ -225,15 +235,18 @@ class Gated:
     def __next__(self):
         if self.items is None:
             raise StopIteration
+        if self._given is not None:
+            self.reading += time.perf_counter() - self._given
         try:
             self.ticket.spell(self.on_wait)
             item = next(self.items)
         except BaseException:
             self.close()
             raise
-        paused = self.ticket.waited - self.ticket.first_wait
+        paused = self.ticket.waited - self.ticket.first_wait + self.reading
         if self.last is not None and self.last(item):
             self.close()
+        self._given = time.perf_counter()
         return self.shift(item, paused) if self.shift is not None and paused else item
 
     def close(self) -> None:
