@@ -22,7 +22,7 @@ import torch
 
 from .backend import Single
 from .chain_step import Checked
-from .drafters import Drafter, Proposal, make
+from .drafters import PLAIN, Drafter, Proposal, make
 from .metrics import RunMetrics, summarize
 from .models import LM
 from .policy import KPolicy
@@ -159,4 +159,4 @@ def warm(target: LM) -> None:
     costs (the chat template's opening read and kept, the CPU's worker threads started, first allocations: ~0.1 s
     of a 48-token run on a 2-core CPU) that a server should pay when it loads the model, not inside the first run
     a page times, where they would tilt that run's speedup."""
-    run(target, make("none", target), target.encode("Hi"), max_new_tokens=2, detail=False)
+    run(target, make(PLAIN, target), target.encode("Hi"), max_new_tokens=2, detail=False)
