@@ -46,6 +46,10 @@ def _common(ap: argparse.ArgumentParser) -> None:
                     help="how a model draft picks its guesses at T > 0: sample from q (default), or take q's argmax "
                          "(a one-hot q, as serving engines do by default)")
     ap.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+    ap.add_argument("--eagle-clock", action="store_true",
+                    help="size EAGLE's trees by each step's own clock (adapts to the machine's speed as it runs; the "
+                         "same prompt and seed may then draw other trees on a busier machine). Default: by costs "
+                         "measured once when the drafter is made")
     ap.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp32", "fp16"],
                     help="auto (default): bf16 on CUDA and on CPUs with native bf16, else fp32")
     ap.add_argument("--forward", default="ours", choices=["ours", "hf"],
@@ -232,11 +236,16 @@ def _check_early(args) -> SamplingParams:
     return _sp(args)
 
 
+def _make(args, name: str, target, draft_lm=None):
+    """A drafter by name, with the command line's drafter options."""
+    return make(name, target, draft_lm, **({"clock": True} if name == "eagle" and args.eagle_clock else {}))
+
+
 def cmd_generate(args) -> int:
     prompt = _read_prompt(args)
     sp = _check_early(args)
     target, draft_lm = _models(args)
-    drafter = make(args.drafter, target, draft_lm)
+    drafter = _make(args, args.drafter, target, draft_lm)
     ids = target.encode(prompt, raw=args.raw)
     out, recs, m = run(target, drafter, ids, sp=sp, k=args.k, max_new_tokens=args.max_new_tokens,
                        k_policy=args.k_policy)
@@ -272,7 +281,8 @@ def cmd_bench(args) -> int:
     sp = _check_early(args)
     _check_drafters(args.drafter)
     target, draft_lm = _models(args)
-    drafters = {PLAIN: make(PLAIN, target)} | {d: make(d, target, draft_lm) for d in args.drafter if entry(d).drafts}
+    drafters = {PLAIN: make(PLAIN, target)} | {d: _make(args, d, target, draft_lm)
+                                               for d in args.drafter if entry(d).drafts}
     rows = rows_in
     prompts = [target.encode(row["prompt"], raw=args.raw) for row in rows]
     meta = [{"id": row["id"], "category": row.get("category", "")} for row in rows]
@@ -332,7 +342,7 @@ def cmd_bench_peer(args) -> int:
     args.threads = args.threads or torch.get_num_threads()
     target, draft_lm = _models(args)
     # our plain and lookup runs are the comparison itself; any other drafter joins it, on our engine only
-    extra = {d: make(d, target, draft_lm) for d in dict.fromkeys(args.drafter or []) if d not in peer.OURS}
+    extra = {d: _make(args, d, target, draft_lm) for d in dict.fromkeys(args.drafter or []) if d not in peer.OURS}
     prompts = [target.encode(r["prompt"]).tolist() for r in rows]
     meta = [{"id": r["id"], "category": r.get("category", "")} for r in rows]
     repeats = args.repeats or REPEATS
@@ -376,7 +386,7 @@ def cmd_profile(args) -> int:
     sp = _check_early(args)
     _check_drafters(args.drafter)
     target, draft_lm = _models(args)
-    drafters = {d: make(d, target, draft_lm) for d in dict.fromkeys([PLAIN] + args.drafter)}
+    drafters = {d: _make(args, d, target, draft_lm) for d in dict.fromkeys([PLAIN] + args.drafter)}
     prompts = [target.encode(r["prompt"], raw=args.raw) for r in rows]
     repeats = args.repeats or REPEATS
     bar = tqdm(total=repeats * len(prompts) * len(drafters), desc="profile", file=sys.stderr)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import math
 import json
+import subprocess
+import sys
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -220,6 +223,38 @@ def test_greedy_equals_plain_decoding(bundled, one_thread):
             assert [c.token for c in r.committed][:r.n_accepted] == r.drafted[:r.n_accepted]
         total += m.mean_acceptance_length
     assert total / 3 > 1.5                             # trained: well above one token per target forward
+
+
+def _scene(lm, ids, **kw):
+    """One Step by step scene (EAGLE, T = 0): the committed tokens and every step's tree as (parent, token) pairs."""
+    out, recs, _ = engine.run(lm, make("eagle", lm, **kw), ids, max_new_tokens=40, detail=True)
+    return out, [tuple((n.parent, n.token) for n in r.tree.nodes) if r.tree else tuple(r.drafted) for r in recs]
+
+
+@contextmanager
+def _busy(n: int):
+    """n processes spinning on the CPU, as other students' sessions (or a browser) would."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def test_a_scene_draws_the_same_trees_quiet_and_beside_a_busy_cpu(bundled):
+    """A scene (settings + seed) reproduces whatever the load: a sized tree weighs the draft's cost measured once
+    when the drafter is made (Eagle.fixed_draft_ms) and the score passes' measured once per forward, never the
+    clock of the step being drawn, so a busy machine draws the tree a quiet one did."""
+    ids = bundled.encode("Write a Python function that returns the n-th Fibonacci number, with a docstring.")
+    d = make("eagle", bundled)
+    assert d.sized and d.draft_ms is not None and d.draft_ms > 0
+    assert make("eagle", bundled, clock=True).draft_ms is None      # the CLI's option: each step's own clock
+    quiet = _scene(bundled, ids)
+    with _busy(2):
+        busy = _scene(bundled, ids)
+    assert busy[0] == quiet[0] and busy[1] == quiet[1]
 
 
 def test_a_copied_continuation_is_grafted_onto_the_tree_and_stays_exact(one_thread):

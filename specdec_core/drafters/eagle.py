@@ -37,7 +37,9 @@ four numbers (the same floats, the same stable order, so the same trees).
 from __future__ import annotations
 
 import math
+import statistics
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -54,6 +56,9 @@ from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "eagle.safetensors"
 MANIFEST = WEIGHTS.with_name("eagle.manifest.json")
+
+# a sized tree's draft cost, measured once per target model and tree shape (Eagle.fixed_draft_ms)
+_DRAFT_MS: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -155,7 +160,7 @@ class Eagle(Drafter):
 
     def __init__(self, target, head: Head | None = None, manifest: dict | None = None, depth: int | None = None,
                  topk: int | None = None, nodes: int | None = None, sized: bool | None = None, int8: bool = True,
-                 copy: bool = True):
+                 copy: bool = True, clock: bool = False):
         if head is None:
             if not weights_for(self.name, target):
                 raise untrained(self.name, target)
@@ -190,8 +195,12 @@ class Eagle(Drafter):
         self.block = target.backend.row_block
         # measured once per target forward, up to the largest tree's rows (the root's and `nodes`)
         self.costs = target.backend.block_ms(-(-(self.nodes + 1) // self.block)) if self.sized else []
-        self.draft_ms: float | None = None       # the draft's ms a sized tree weighs; None: this step's own
+        # the draft's ms a sized tree weighs: measured once when the drafter is made, so the same scene draws the
+        # same trees on a quiet or a busy machine; `clock` weighs each step's own clock instead (None)
         self.rate: float | None = None           # sized: committed tokens per ms of a step (draft + score), smoothed
+        self.draft_ms: float | None = None
+        if self.sized and self.costs and not clock:
+            self.draft_ms = self.fixed_draft_ms()
 
     def begin(self, prompt: list[int]) -> None:
         # the head's own cache over the sequence: row t read (f_{t-1}, x_t) at position t, for t = f_from + 1 ..
@@ -236,7 +245,10 @@ class Eagle(Drafter):
         kv.n = self.done - self.f_from            # the tree's rows are dropped; the sequence's stay
         rank = list(range(K)) * (len(tok) // K)
         order = sorted(range(len(score)), key=score.__getitem__, reverse=True)     # stable, as drafted
-        draft_ms = 1e3 * (time.perf_counter() - t0) if self.draft_ms is None else self.draft_ms
+        if self.draft_ms is None:                # this step's own clock
+            draft_ms = 1e3 * (time.perf_counter() - t0)
+        else:                                    # the fixed cost of the levels drafted (K nodes, then K * K a level)
+            draft_ms = self.draft_ms * (1 + (len(tok) - K) // (K * K)) / self.depth
         prop = self._tree(parent, rank, tok, score, order, self._budget(score, order, draft_ms), ctx)
         if self.weighed:   # this step's ms: the draft and the score pass of its rows (the tree's)
             self._last = (n, draft_ms + self.costs[min(len(self.costs), -(-prop.tree.size // self.block)) - 1])
@@ -321,6 +333,34 @@ class Eagle(Drafter):
             r = (n - self._last[0]) / self._last[1]
             self.rate = r if self.rate is None else 0.8 * self.rate + 0.2 * r
         self._last = None
+
+    @torch.inference_mode()
+    def fixed_draft_ms(self, context: int = 48, reps: int = 5) -> float:
+        """What a whole draft (every level drafted) costs on this machine: the median of `reps` timed drafts after
+        `context` positions of stand-in features, measured once per target model and tree shape and kept (as
+        backend.block_ms keeps the score passes' costs). The drafter's own state is reset afterwards."""
+        key = (self.depth, self.topk, self.nodes, self.block)
+        got = _DRAFT_MS.setdefault(self.target.model, {})
+        if key not in got:
+            self.draft_ms = None
+            hidden = self.fast.embed.shape[1]
+            n_ids = self.fast.embed.shape[0]
+            tokens = [(7 * t + 3) % n_ids for t in range(context + 1)]   # no repeats: no copied continuation
+            feats = torch.randn(context, hidden, generator=torch.Generator().manual_seed(0)).to(
+                device=self.fast.device, dtype=self.fast.embed.dtype)
+            ctx = DraftContext(tokens=tokens, prompt_len=context, k=self.depth, sp=None, gen=None)
+            ms = []
+            for r in range(reps + 1):
+                self.begin([])
+                self.observe(feats, context)
+                t = time.perf_counter()
+                self.propose(ctx)
+                if r:                                  # the first draft warms the shapes up
+                    ms.append(1e3 * (time.perf_counter() - t))
+            self.begin([])
+            self.rate = None
+            got[key] = statistics.median(ms)
+        return got[key]
 
     @property
     def weighed(self) -> list[float]:
