@@ -97,10 +97,13 @@ def chart(counts: list[int], options: list[str], right: int | None) -> go.Figure
     colours = [NEUTRAL] * len(options) if right is None else \
         [RIGHT if i == right else OTHER for i in range(len(options))]
     fig = go.Figure(go.Bar(x=counts, y=labels, orientation="h", marker_color=colours, text=counts,
-                           textposition="outside", cliponaxis=False, hovertemplate="%{x}<extra></extra>"))
-    fig.update_layout(height=90 + 70 * len(options), margin=dict(l=10, r=40, t=10, b=30), font=dict(size=18),
-                      yaxis=dict(autorange="reversed"), xaxis=dict(title="sessions", dtick=1 if max(counts,
-                      default=0) <= 10 else None, rangemode="tozero"), showlegend=False)
+                           textposition="outside", textfont=dict(size=22), cliponaxis=False,
+                           hovertemplate="%{x}<extra></extra>"))
+    big = dict(size=18, color="#000000")   # read from the back of a room
+    fig.update_layout(height=90 + 70 * len(options), margin=dict(l=10, r=40, t=10, b=30), showlegend=False,
+                      yaxis=dict(autorange="reversed", tickfont=big),
+                      xaxis=dict(title=dict(text="sessions", font=big), tickfont=big, rangemode="tozero",
+                                 dtick=1 if max(counts, default=0) <= 10 else None))
     return fig
 
 
@@ -118,13 +121,13 @@ def panel(key: str, options: list[str], right: int) -> None:
                 + (" (the answer is revealed on every page)" if revealed else ""))
     st.plotly_chart(chart(counts, options, right if revealed else None), key=f"room_chart_{key}",
                     config={"displayModeBar": False, "staticPlot": True})
-    c = st.columns(3)
-    c[0].button("Hide the answer" if revealed else "Reveal the answer", key=f"room_reveal_{key}",
+    row = st.container(horizontal=True)   # wraps where the presenter's large type leaves no room
+    row.button("Hide the answer" if revealed else "Reveal the answer", key=f"room_reveal_{key}",
                 on_click=_toggle_reveal, args=(key,), icon=":material/visibility:", type="primary")
-    c[1].button("Reset this question", key=f"room_reset_{key}", on_click=r.reset, args=(key,),
+    row.button("Reset this question", key=f"room_reset_{key}", on_click=r.reset, args=(key,),
                 icon=":material/restart_alt:", help="Forget its votes and hide its answer: students answer afresh.")
-    c[2].button("Reset all questions", key="room_reset_all", on_click=r.reset, icon=":material/delete_sweep:")
-    since = time.strftime("%H:%M", time.localtime(r.counting_since(key)))
+    row.button("Reset all questions", key="room_reset_all", on_click=r.reset, icon=":material/delete_sweep:")
+    since = time.strftime("%H:%M %Z", time.localtime(r.counting_since(key)))
     st.caption(f"Counts every session on this server, once each (a new answer moves its vote; a reloaded tab is a "
                f"new session), refreshed every {PRESENTER_EVERY_S} s. Kept in this server's memory since {since}: "
                "a server restart loses them. Your own choice here is not counted.")
