@@ -97,7 +97,7 @@ def chart(counts: list[int], options: list[str], right: int | None) -> go.Figure
     colours = [NEUTRAL] * len(options) if right is None else \
         [RIGHT if i == right else OTHER for i in range(len(options))]
     fig = go.Figure(go.Bar(x=counts, y=labels, orientation="h", marker_color=colours, text=counts,
-                           textposition="outside", textfont=dict(size=22), cliponaxis=False,
+                           textposition="outside", textfont=dict(size=22, color="#000000"), cliponaxis=False,
                            hovertemplate="%{x}<extra></extra>"))
     big = dict(size=18, color="#000000")   # read from the back of a room
     fig.update_layout(height=90 + 70 * len(options), margin=dict(l=10, r=40, t=10, b=30), showlegend=False,
