@@ -1,5 +1,6 @@
 """The walkthrough's pieces (pages/walkthrough.py): a live button per section whose result stays in the session,
-the check-yourself question, the drafters as the app builds them, and the section tables laid out in words."""
+the check-yourself question (counted in the room: answers.py), the drafters as the app builds them, and the
+section tables laid out in words."""
 from __future__ import annotations
 
 import pandas as pd
@@ -7,7 +8,7 @@ import streamlit as st
 
 from specdec_core import SamplingParams, drafters, engine
 
-from . import runs, turns, view
+from . import answers, runs, turns, view
 
 TOKENS = 24  # the most any widget here decodes: seconds on a CPU
 FREE_UP_TO = 1.25   # a pass of 8 tokens at most this many times one still reads as "about the price of one"
@@ -31,14 +32,10 @@ def live(key: str, label: str, fn) -> object | None:
 
 
 def quiz(key: str, question: str, options: list[str], right: int, why: str) -> None:
+    """The section's question: the session's own feedback, counted in the room (answers.py), whose answers the
+    presenter sees."""
     st.markdown("**Check yourself**")
-    ans = st.radio(question, options, index=None, key=f"wt_quiz_{key}")
-    if ans is None:
-        return
-    if ans == options[right]:
-        st.success(f"Right. {why}")
-    else:
-        st.error(f"Not quite: the answer is “{options[right]}”. {why}")
+    answers.question(key, question, options, right, why)
 
 
 def run_drafter(drafter_name: str, prompt: str, k: int = 4, tokens: int = TOKENS, sp=GREEDY):
