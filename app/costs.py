@@ -11,6 +11,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
+from specdec_core import drafters as entries
 from specdec_core.bench import profile
 from specdec_core.metrics import RunMetrics
 from specdec_core.records import StepRecord
@@ -106,3 +107,19 @@ def ttft_tpot(spec: RunMetrics, plain: RunMetrics) -> list[dict]:
             {"": "speculation off", "TTFT ms": 1e3 * plain.ttft_s, "TPOT ms": 1e3 * plain.tpot_s,
              "tokens/s": plain.tokens_per_s}]
 
+
+
+def ttft_note(spec: RunMetrics, plain: RunMetrics, drafter: str) -> str:
+    """Why speculation's time to first token is longer, where it is: its first step drafts and verifies before it
+    commits its first token, and some drafters' prompt reading does more than the target's."""
+    if spec.ttft_s <= plain.ttft_s:
+        return ""
+    e = entries.entry(drafter)
+    feed = (" Its prompt reading also feeds the drafter: the draft model reads the prompt too." if e.draft_model
+            else " Its prompt reading also keeps the target's hidden states for the drafter's heads."
+            if e.reads_hidden else "")
+    return (f"Speculation's first token comes later ({1e3 * spec.ttft_s:.1f} against {1e3 * plain.ttft_s:.1f} ms): "
+            "after reading the prompt, its first step drafts and runs a verify pass over the guesses before it "
+            "commits its first token, where plain decoding commits one after the prompt's pass." + feed
+            + (" It makes that up after, committing several tokens per pass (a lower TPOT)."
+               if spec.tpot_s < plain.tpot_s else ""))

@@ -56,6 +56,16 @@ class Settings:
                 f"up to {captions.count(self.max_new_tokens, 'token')}")
 
 
+def stale(shown: Settings, now: Settings, what: str = "These results") -> str:
+    """A line saying the results on a page were made with other settings than the sidebar's now ("" when they
+    match: the prompt and every setting a run depends on)."""
+    if shown == now:
+        return ""
+    return (f"{what} were made with other settings ({shown.summary()}"
+            + ("" if shown.prompt == now.prompt else ", another prompt")
+            + f"); the sidebar now says {now.summary()}. Run again to see these settings.")
+
+
 @dataclass
 class Run:
     """One generation in one session: the records so far and, once measured, the plain baseline."""
