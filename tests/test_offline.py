@@ -27,3 +27,18 @@ def test_the_favicon_is_drawn_in_the_page_not_fetched():
     js = Path(streamlit.__file__).parent / "static" / "static" / "js"
     assert any("fonts.gstatic.com/s/i/short-term/release/materialsymbolsrounded" in f.read_text(errors="ignore")
                for f in js.glob("index.*.js"))   # what a :material: favicon would fetch
+
+
+def test_the_class_guide_names_only_buttons_the_walkthrough_has():
+    """docs/classroom.md's lesson plan quotes each section's button in italics: every quote is a real label."""
+    import re
+    page = (ROOT / "pages" / "walkthrough.py").read_text()
+    tokens = re.search(r"^TOKENS = (\d+)", (ROOT / "app" / "walk.py").read_text(), re.M).group(1)
+    labels = [x.replace("{TOKENS}", tokens) for x in re.findall(r'live\("\w+",\s*f?"([^"]+)"', page)]
+    plan = [line for line in (ROOT / "docs" / "classroom.md").read_text().splitlines() if line.startswith("| ")]
+    # the first italic quote of each row's Press cell is its button (later ones name other controls)
+    quoted = [m[0] for line in plan if (m := re.findall(r"(?<![*\w])\*([A-Z][^*]+?)\*(?!\*)", line.split("|")[3]))]
+    assert len(quoted) >= 6
+    for q in quoted:
+        stem = q.rstrip(" …").rstrip()
+        assert any(lab.startswith(stem) for lab in labels), (q, labels)
