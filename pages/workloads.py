@@ -169,7 +169,7 @@ st.markdown("**Where the time went**, per row: the draft's ms and the verify pas
             "ms / step ms, so good acceptance loses when the step costs more than the tokens it adds.")
 times = df[["Workload", "Drafter", "Acceptance rate", "Mean acceptance length", "Draft ms/step", "Verify ms/step",
             "Other ms/step", "Step ms", "Plain step ms", "Speedup"]]
-st.dataframe(times.round(3), hide_index=True, width="stretch")
+measure.shown_table(times.round(3))
 st.markdown(
     "**How to read it.** Speedup is tokens per second with speculation divided by tokens per second without, "
     "for the same prompts and settings; the dashed line is 1×, no gain, and a bar below it means speculation made "

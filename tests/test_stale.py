@@ -38,3 +38,16 @@ def test_a_slower_first_token_is_explained_and_a_faster_one_is_not():
     assert "lower TPOT" in why
     assert "draft model reads the prompt" in costs.ttft_note(spec, plain, "draft")
     assert costs.ttft_note(plain, spec, "lookup") == ""
+
+
+def test_tables_show_acceptance_as_a_percent_and_no_none():
+    import pandas as pd
+
+    from app import measure
+    df = pd.DataFrame({"Workload": ["code", "batch"], "Acceptance rate": [0.918, None],
+                       "Mean acceptance length": [2.5, 1.0], "Draft ms/step": [3.0, None]})
+    out, config = measure.display(df)
+    assert list(out["Acceptance rate"]) == ["92%", "—"] and list(out["Draft ms/step"]) == [3.0, "—"]
+    assert "None" not in out.astype(str).to_string() and "0.918" not in out.astype(str).to_string()
+    out, config = measure.display(df.dropna())
+    assert set(config) == {"Acceptance rate"}      # a numeric column, formatted as a percent
