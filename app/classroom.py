@@ -58,6 +58,9 @@ h1 { font-size: 3.0rem !important; } h2 { font-size: 2.3rem !important; } h3 { f
 .tok-target { background:#e0e0e0 !important; color:#000 !important; border-color:#000 !important; }
 .strip { background:#fff !important; border:3px solid #000 !important; }
 .vtable { font-size: 1.4rem !important; }
+/* a metric's label wraps at this size instead of being cut to "Accept…" */
+[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * { white-space: normal !important;
+  overflow: visible !important; text-overflow: clip !important; }
 /* the verify table scrolls inside its column rather than being cut; its gauge gives way first */
 .vtable { display:block; overflow-x:auto; } .gauge { min-width: 90px !important; }
 /* a column that holds a button is as wide as the button, so a caption beside it is never under it */

@@ -75,8 +75,8 @@ TEMPLATE = re.compile(r"<\|[^<>|\s]{1,40}\|>|</?s>")   # chat-template / special
 def glyphs(piece: str, spaces: bool = True) -> str:
     """Every whitespace and control character as a visible glyph (spaces too, unless `spaces` is False); the bytes
     of a lone fragment of a character as ⟨F0 9F⟩ (pieces.readable), never "�"."""
-    piece = pieces.readable(piece)
-    return "".join(GLYPHS.get(ch, ch) if spaces or ch != " " else ch for ch in piece) or "∅"
+    shown = "".join(GLYPHS.get(ch, ch) if spaces or ch != " " else ch for ch in piece)
+    return pieces.readable(shown) or "∅"    # after the glyphs: the bytes' own spacing is not a space token
 
 
 def show(piece: str) -> str:

@@ -84,6 +84,12 @@ def test_drafts_of_different_verdicts_are_not_joined(tok):
     assert "\ufffd" not in same
 
 
+def test_a_lone_fragment_in_a_caption_or_label_reads_as_its_bytes(tok):
+    p = Show(tok, True).piece(tok.encode("🚀")[0])
+    assert view.show(p) == "⟨F0 9F⟩" and view.token_label(p) == "⟨F0 9F⟩"   # no ␣ between the bytes
+    assert view.show(" " + p) == "␣⟨F0 9F⟩"
+
+
 def test_a_real_replacement_character_is_kept():
     assert pieces.groups(["a", "\ufffd", "b"]) == [(0, 1, "a"), (1, 2, "\ufffd"), (2, 3, "b")]
     assert pieces.from_bytes("é".encode()[:1]) == chr(pieces.FRAGMENT + 0xC3)
