@@ -106,9 +106,19 @@ def tree_caption(rec: StepRecord, f: Frame, greedy: bool) -> str:
     word = {"resampled": "resampled from what the rejections left (orange)",
             "bonus": "a bonus token from the target's distribution after the last accepted node (blue)"}
     return (f"<b>Result.</b> The walk kept a path of <b>{len(view.path)}</b> of the {view.drafted} candidates "
-            f"after {len(tried)} trials; the faded branches were never needed. Then “{show(rec.final_piece)}” was "
+            f"after {count(len(tried), 'trial')}{_unused(view)}. Then “{show(rec.final_piece)}” was "
             f"{word.get(rec.final_kind, 'drawn by the target')}. This step committed <b>{n} token"
             f"{'s' if n != 1 else ''}</b> for one forward pass of the target over {view.drafted + 1} tree nodes.")
+
+
+def _unused(view) -> str:
+    """What the result says of the candidates the walk never tested: faded only where there are some."""
+    untested = sum(n.trial is None for n in view.nodes[1:])
+    if untested:
+        return f"; the {count(untested, 'faded candidate')} {'was' if untested == 1 else 'were'} never needed"
+    if all(sum(c.parent == n.index for c in view.nodes) <= 1 for n in view.nodes):
+        return "; this tree is a single chain (one candidate at each position), so there was no other branch to try"
+    return "; every candidate was tested"
 
 
 def caption(rec: StepRecord, f: Frame, greedy: bool) -> str:

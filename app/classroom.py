@@ -58,6 +58,16 @@ h1 { font-size: 3.0rem !important; } h2 { font-size: 2.3rem !important; } h3 { f
 .tok-target { background:#e0e0e0 !important; color:#000 !important; border-color:#000 !important; }
 .strip { background:#fff !important; border:3px solid #000 !important; }
 .vtable { font-size: 1.4rem !important; }
+/* a metric's label wraps at this size instead of being cut to "Accept…" */
+[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * { white-space: normal !important;
+  overflow: visible !important; text-overflow: clip !important; }
+/* the verify table scrolls inside its column rather than being cut; its gauge gives way first */
+.vtable { display:block; overflow-x:auto; } .gauge { min-width: 90px !important; }
+/* a column that holds a button is as wide as the button, so a caption beside it is never under it */
+[data-testid="stColumn"]:has(.stButton) { flex: 0 0 auto !important; width: auto !important;
+  min-width: max-content !important; }
+/* charts: no text under 15 px on a projector (plotly writes each size inline: the small ones are raised) */
+[data-testid="stPlotlyChart"] text[style*="font-size: 7px"], [data-testid="stPlotlyChart"] text[style*="font-size: 8px"], [data-testid="stPlotlyChart"] text[style*="font-size: 9px"], [data-testid="stPlotlyChart"] text[style*="font-size: 10px"], [data-testid="stPlotlyChart"] text[style*="font-size: 11px"], [data-testid="stPlotlyChart"] text[style*="font-size: 12px"], [data-testid="stPlotlyChart"] text[style*="font-size: 13px"] { font-size: 15px !important; }
 /* the navigation at this size: a wider sidebar, and a label that still does not fit wraps (never "Road to pro…") */
 [data-testid="stSidebar"] { width: 400px !important; min-width: 400px !important; }
 [data-testid="stSidebarNavLink"] { height: auto !important; min-height: 2rem; }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
+from specdec_core import drafters as entries
 from specdec_core.bench import profile
 from specdec_core.metrics import RunMetrics
 from specdec_core.records import StepRecord
@@ -66,15 +67,17 @@ def figure(spec: dict, plain: dict, title: str) -> go.Figure:
 
 
 def sentence(spec: dict, plain: dict, acceptance: float | None = None) -> str:
-    """The breakdown in words: what a step costs against a plain one, what it commits, what that predicts."""
+    """The breakdown in words: what a step costs against a plain one, its mean acceptance length, what a token
+    costs. No speedup of its own: the page's one speedup is the measured one, and this says where it comes from."""
     x = spec["step_ms"] / plain["step_ms"] if plain["step_ms"] else 0.0
     per = spec["step_ms"] / spec["tokens_per_step"] if spec["tokens_per_step"] else 0.0
     acc = f"{acceptance:.0%} of the guesses accepted; " if acceptance is not None else ""
     return (f"{acc}a speculative step costs **{spec['step_ms']:.1f} ms** ({x:.2f}× a plain step of "
             f"{plain['step_ms']:.1f} ms: draft {spec['draft_ms']:.1f}, verify pass {spec['score_ms']:.1f}, "
-            f"bookkeeping {spec['rule_ms'] + spec['bookkeeping_ms']:.1f}) and commits "
-            f"**{spec['tokens_per_step']:.2f} tokens**, so a token costs **{per:.1f} ms** against "
-            f"{plain['step_ms']:.1f} ms plain: from the costs alone, **{predicted(spec, plain):.2f}×**.")
+            f"bookkeeping {spec['rule_ms'] + spec['bookkeeping_ms']:.1f}) and its mean acceptance length is "
+            f"**{spec['tokens_per_step']:.2f}**, so a token costs **{per:.1f} ms** against "
+            f"{plain['step_ms']:.1f} ms plain. These are the steady steps: the first step, which also processes "
+            f"the prompt, is left out here and counted in the speedup.")
 
 
 def render(records: list[StepRecord], plain: dict | None, title: str, key: str,
@@ -104,3 +107,19 @@ def ttft_tpot(spec: RunMetrics, plain: RunMetrics) -> list[dict]:
             {"": "speculation off", "TTFT ms": 1e3 * plain.ttft_s, "TPOT ms": 1e3 * plain.tpot_s,
              "tokens/s": plain.tokens_per_s}]
 
+
+
+def ttft_note(spec: RunMetrics, plain: RunMetrics, drafter: str) -> str:
+    """Why speculation's time to first token is longer, where it is: its first step drafts and verifies before it
+    commits its first token, and some drafters' prompt reading does more than the target's."""
+    if spec.ttft_s <= plain.ttft_s:
+        return ""
+    e = entries.entry(drafter)
+    feed = (" Its prompt reading also feeds the drafter: the draft model reads the prompt too." if e.draft_model
+            else " Its prompt reading also keeps the target's hidden states for the drafter's heads."
+            if e.reads_hidden else "")
+    return (f"Speculation's first token comes later ({1e3 * spec.ttft_s:.1f} against {1e3 * plain.ttft_s:.1f} ms): "
+            "after reading the prompt, its first step drafts and runs a verify pass over the guesses before it "
+            "commits its first token, where plain decoding commits one after the prompt's pass." + feed
+            + (" It makes that up after, committing several tokens per pass (a lower TPOT)."
+               if spec.tpot_s < plain.tpot_s else ""))

@@ -16,7 +16,7 @@ import streamlit as st  # noqa: E402
 
 from app import classroom, nav, runs, sidebar, view  # noqa: E402
 
-st.set_page_config(page_title="specdec: speculative decoding, step by step", page_icon=":material/bolt:", layout="wide")
+st.set_page_config(page_title="specdec: speculative decoding, step by step", page_icon="⚡", layout="wide")
 st.html(view.CSS)
 
 page = nav.navigation()

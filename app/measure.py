@@ -270,14 +270,36 @@ def layout(fig: go.Figure, height: int = 420, below: bool = False, **kw) -> go.F
     return fig
 
 
+def percents(df: pd.DataFrame) -> dict:
+    """Column settings that show every acceptance column as a percent (92%, as the charts and metrics say it)."""
+    return {c: st.column_config.NumberColumn(format="percent") for c in df.columns
+            if str(c).lower().startswith("acceptance") and "length" not in str(c).lower()}
+
+
+def display(df: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """(table, column settings) as a page shows them: acceptance as percents, an empty cell as "—" (not "None")."""
+    out = df.astype(object).where(df.notna(), "—")
+    config = percents(df)
+    for c in list(config):   # a column with a dash is text: its percents are written out
+        if (out[c] == "—").any():
+            out[c] = [v if v == "—" else f"{v:.0%}" for v in out[c]]
+            del config[c]
+    return out, config
+
+
+def shown_table(df: pd.DataFrame) -> None:
+    out, config = display(df)
+    st.dataframe(out, hide_index=True, width="stretch", column_config=config)
+
+
 def table(df: pd.DataFrame, name: str, note: str = "", main: list[str] | None = None) -> None:
     """The table on the page with headers in words: the `main` columns (so it fits a classroom screen without
     scrolling sideways) and every column one click away; a CSV download of all of it."""
     shown = df[[c for c in main if c in df]] if main else df
-    st.dataframe(readable(shown), hide_index=True, width="stretch")
+    shown_table(readable(shown))
     if main and len(shown.columns) < len(df.columns):
         with st.expander(f"All {len(df.columns)} columns"):
-            st.dataframe(readable(df), hide_index=True, width="stretch")
+            shown_table(readable(df))
     df = readable(df)
     st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=f"specdec-{name}.csv",
                        mime="text/csv", key=f"{name}_csv", icon=":material/download:", on_click="ignore",

@@ -16,6 +16,7 @@ import torch
 
 from specdec_core import LM, IncompatibleModels, InputError, ModelError, SamplingParams, engine, load
 from specdec_core import drafters
+from specdec_core.bench import prefill_fit
 from specdec_core.models import BUNDLED, FORWARDS as FORWARD_NAMES
 from specdec_core.drafters.suffix import SuffixIndex
 from specdec_core.metrics import RunMetrics, summarize
@@ -54,6 +55,16 @@ class Settings:
         d += " · greedy drafting" if self.draft_sampling == "greedy" and e.reports_q else ""
         return (f"{d}{k} · temperature {self.temperature:g} · top-p {self.top_p:g} · seed {self.seed} · "
                 f"up to {captions.count(self.max_new_tokens, 'token')}")
+
+
+def stale(shown: Settings, now: Settings, what: str = "These results") -> str:
+    """A line saying the results on a page were made with other settings than the sidebar's now ("" when they
+    match: the prompt and every setting a run depends on)."""
+    if shown == now:
+        return ""
+    return (f"{what} were made with other settings ({shown.summary()}"
+            + ("" if shown.prompt == now.prompt else ", another prompt")
+            + f"); the sidebar now says {now.summary()}. Run again to see these settings.")
 
 
 @dataclass
@@ -162,34 +173,42 @@ def check_prompt(text: str) -> None:
 
 
 LONG_PROMPT = 1000  # tokens: from here the reading of the prompt takes long enough to say so first
-_RATES: dict = {}   # (model, forward) -> (s per prompt token, s per one-token forward), per server
+FIT_AT = (256, 1024)  # prompt lengths whose passes are timed to fit the reading's cost (attention grows as n²)
+_RATES: dict = {}   # (model, forward) -> fit.Fit, per server
 
 
-def _rate(tgt) -> tuple[float, float]:
-    """(seconds per prompt token in one long pass, seconds per one-token forward) of `tgt` on this machine,
-    measured once per server and forward: a 256-token pass and four one-token ones."""
+def _rate(tgt) -> "prefill_fit.Fit":
+    """The cost of reading a prompt and of a step after it, on this machine, measured once per server and forward:
+    a pass over each of FIT_AT's lengths, then three one-token steps after each (prefill_fit.fit)."""
     key = (id(tgt.model), tgt.forward_name)
     if key not in _RATES:
-        cache = tgt.new_cache()
-        t0 = time.perf_counter()
-        tgt.forward(torch.zeros(256, dtype=torch.long), cache, last_only=True)
-        t1 = time.perf_counter()
-        for _ in range(4):
-            tgt.forward(torch.zeros(1, dtype=torch.long), cache, last_only=True)
-        _RATES[key] = ((t1 - t0) / 256, (time.perf_counter() - t1) / 4)
+        passes, steps = [], []
+        for n in FIT_AT:
+            cache = tgt.new_cache()
+            t0 = time.perf_counter()
+            tgt.forward(torch.zeros(n, dtype=torch.long), cache, last_only=True)
+            t1 = time.perf_counter()
+            for _ in range(3):
+                tgt.forward(torch.zeros(1, dtype=torch.long), cache, last_only=True)
+            passes.append(t1 - t0)
+            steps.append((time.perf_counter() - t1) / 3)
+        _RATES[key] = prefill_fit.fit(FIT_AT, passes, steps)
     return _RATES[key]
 
 
-def note(tgt, n_prompt: int, max_new: int) -> str:
-    """For a long prompt, before any work: its length, the context left, and roughly how long the run takes
-    (linear in the prompt, so a lower bound for the longest ones, where attention's share grows)."""
+def note(tgt, n_prompt: int, max_new: int, again: bool = False) -> str:
+    """For a long prompt, before any work: its length, the context left, and roughly how long the run takes, from
+    passes timed on this machine (prefill_fit); `again`: a plain run on the same prompt follows for the speedup."""
     if n_prompt < LONG_PROMPT:
         return ""
-    per_tok, per_fwd = _rate(tgt)
-    read, write = n_prompt * per_tok, max_new * per_fwd
+    f = _rate(tgt)
+    read, write = f.read_s(n_prompt), max_new * f.step_s(n_prompt + max_new // 2)
     return (f"A long prompt: {n_prompt:,} tokens of the model's context of {tgt.max_len:,}. Reading it takes "
             f"roughly {read:.0f} s, then up to {max_new} new tokens about {write:.0f} s more (at most one target "
-            f"pass each), so about {read + write:.0f} s in all on this machine.")
+            f"pass each, slower than after a short prompt), so about {read + write:.0f} s in all for one run on "
+            "this machine, from passes timed here (other work on the machine moves it)."
+            + (" The plain run on the same prompt that the speedup is measured against takes about as long again "
+               "(and the Race times more pairs)." if again else ""))
 
 
 def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
@@ -208,7 +227,7 @@ def start(s: Settings) -> tuple[Run, Iterator[StepRecord]]:
                               k_policy=s.k_policy if k else "fixed")
     except InputError as e:
         raise UserError(str(e)[:1].upper() + str(e)[1:] + ".") from e
-    run = Run(s, ids, tgt.tokenizer.decode(ids), note=note(tgt, len(ids), int(s.max_new_tokens)),
+    run = Run(s, ids, tgt.tokenizer.decode(ids), note=note(tgt, len(ids), int(s.max_new_tokens), drafters.entry(s.drafter).drafts),
               index_from=session_index().next_id if drafters.entry(s.drafter).session_index else None)
     # one turn at the shared model at a time (app/turns.py); the page sets .on_wait to show the line
     return run, turns.queued(steps)

@@ -12,6 +12,7 @@ import re
 
 import plotly.graph_objects as go
 
+from specdec_core import pieces
 from specdec_core.records import DRAFTED, Candidate, Position, StepRecord
 
 from .frames import DRAFT, RESULT, VERIFY, Frame
@@ -72,8 +73,10 @@ TEMPLATE = re.compile(r"<\|[^<>|\s]{1,40}\|>|</?s>")   # chat-template / special
 
 
 def glyphs(piece: str, spaces: bool = True) -> str:
-    """Every whitespace and control character as a visible glyph (spaces too, unless `spaces` is False)."""
-    return "".join(GLYPHS.get(ch, ch) if spaces or ch != " " else ch for ch in piece) or "∅"
+    """Every whitespace and control character as a visible glyph (spaces too, unless `spaces` is False); the bytes
+    of a lone fragment of a character as ⟨F0 9F⟩ (pieces.readable), never "�"."""
+    shown = "".join(GLYPHS.get(ch, ch) if spaces or ch != " " else ch for ch in piece)
+    return pieces.readable(shown) or "∅"    # after the glyphs: the bytes' own spacing is not a space token
 
 
 def show(piece: str) -> str:
@@ -95,7 +98,7 @@ def chip_body(piece: str) -> str:
 def chip(piece: str, cls: str, title: str = "", extra: str = "", token: int | None = None) -> str:
     """A token chip; hover shows the raw id and text. Chat-template tokens become one muted 'template' chip that
     keeps its verdict's class and colours."""
-    raw = f"id {token} · {piece!r}" if token is not None else ""
+    raw = f"id {token} · {pieces.readable(piece)!r}" if token is not None else ""
     title = " · ".join(x for x in (title, raw) if x)
     t = f' title="{html.escape(title, quote=True)}"' if title else ""
     if is_template(piece):
@@ -148,14 +151,32 @@ def committed_chips(rec: StepRecord) -> list[tuple[str, str, str, int]]:
     return out
 
 
+def merged(chips: list[tuple[str, str, str, int]], mixed: bool = True) -> list[str]:
+    """Chips as HTML, a character split over several tokens (an emoji is often three) shown once, in one chip
+    with the colour of its first token and every token's id and origin on hover. Unless `mixed`, tokens of
+    different verdicts stay apart (each fragment shown as its bytes)."""
+    out = []
+    for a, b, text in pieces.groups([c[0] for c in chips]):
+        if b - a == 1 or (not mixed and len({c[1] for c in chips[a:b]}) > 1):
+            out += [chip(*c[:3], token=c[3]) for c in chips[a:b]]
+            continue
+        if b - a == 1:
+            out.append(chip(*chips[a][:3], token=chips[a][3]))
+            continue
+        part = chips[a:b]
+        title = (f"one character over {b - a} tokens (ids {', '.join(str(c[3]) for c in part)}): "
+                 + " + ".join(c[2] for c in part))
+        out.append(chip(text, part[0][1], title))
+    return out
+
+
 def _flow(chips: list[tuple[str, str, str, int]]) -> str:
     """Chips as running text: a line break after each newline token."""
-    parts = []
-    for piece, cls, title, token in chips:
-        parts.append(chip(piece, cls, title, token=token))
-        if "\n" in piece:
-            parts.append("<br>")
-    return "".join(parts)
+    return "".join(h + ("<br>" if "\n" in p else "") for h, p in zip(merged(chips), _texts(chips)))
+
+
+def _texts(chips) -> list[str]:
+    return [text for _, _, text in pieces.groups([c[0] for c in chips])]
 
 
 def text_so_far(records: list[StepRecord], upto: int, include_last: bool = True, limit: int = 0) -> str:
@@ -182,8 +203,9 @@ def context_strip(prompt: str, records: list[StepRecord], i: int, f: Frame, limi
     else:
         chips = chips[-limit:]
         lead = '<span class="tok-context">… </span>'
-    body = lead + "".join(chip(p, c, t, token=i) for p, c, t, i in chips)
+    body = lead + "".join(merged(chips))
     body += '<span style="display:inline-block;width:14px"></span>'
+    drafts = []
     for j in range(f.shown):
         pos = rec.positions[j]
         if f.phase == DRAFT:
@@ -193,7 +215,8 @@ def context_strip(prompt: str, records: list[StepRecord], i: int, f: Frame, limi
         else:  # never checked (a rejection before it is already shown) or waiting for its turn
             gone = f.phase == RESULT or f.checked > rec.n_accepted
             cls, title = ("tok-unchecked" if gone else "tok-draft"), f"draft #{j + 1}"
-        body += chip(pos.piece, cls, title, token=pos.token)
+        drafts.append((pos.piece, cls, title, pos.token))
+    body += "".join(merged(drafts, mixed=False))
     if f.phase == RESULT and rec.committed and rec.committed[-1].origin == rec.final_kind:  # EOS may cut it
         cls = {"resampled": "tok-resampled", "bonus": "tok-bonus"}.get(rec.final_kind, "tok-target")
         p = rec.committed[-1].p if rec.committed else 0.0

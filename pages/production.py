@@ -68,6 +68,7 @@ if st.button("Run the checklist", key="run_checklist", type="primary", disabled=
                                 on_step=lambda i, n: bar.progress(i / n, text=f"{i} of {n} prompts"))
         # what was run: greedy, n_tok tokens (the sidebar's temperature and length do not apply here)
         st.session_state.checklist = (dataclasses.replace(s, temperature=0.0, max_new_tokens=int(n_tok)), res)
+        st.session_state.checklist_for = (s, list(chosen), int(n_tok))   # what the result answers
     except Exception as e:  # every failure is a message, never a traceback
         st.error(runs.friendly(e))
     bar.empty()
@@ -75,11 +76,16 @@ if st.button("Run the checklist", key="run_checklist", type="primary", disabled=
 done = st.session_state.get("checklist")
 if done:
     ds, res = done
+    then = st.session_state.get("checklist_for")
+    if then and (then[0], then[1], then[2]) != (s, list(chosen), int(n_tok)):
+        st.warning("This result was made for other settings or prompts than those chosen now "
+                   f"({', '.join(then[1]) or 'no prompts'}, {then[2]} tokens, {then[0].drafter}): press **Run the "
+                   "checklist** again for these.", icon=":material/history:")
     st.markdown(f"**Result** ({ds.summary()}): {checklist.verdict(res)}")
     st.table(checklist.table(res, by_prompt=True))
     st.plotly_chart(checklist.figure(res), key="ck_fig")
-    st.caption("A difference in greedy tokens means the implementation, not the algorithm: here it comes from "
-               "bf16 rounding when two tokens tie, which batched and one-token forwards break differently.")
+    if why_diff := checklist.difference_note(res):
+        st.caption(why_diff)
     eng_md = engines.markdown(ds)
     c1, c2 = st.columns(2)
     c1.download_button("Download report (Markdown)", checklist.report_markdown(ds, res, eng_md),

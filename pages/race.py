@@ -24,8 +24,10 @@ ss.setdefault("race_speed", 0.25)
 st.title("Race: plain vs speculative decoding")
 st.markdown(
     "Both runs decode the **same prompt** with the **same settings**; the only difference is the drafter. "
-    "Every forward pass of the big target model costs about the same, so the fewer passes, the sooner "
-    "the text is done. They are measured one after the other, then replayed here on a shared clock.")
+    "The speculative run's target passes each score the pending token and the guesses together: such a pass "
+    "costs more than a one-token pass (how much more on this machine: *Where the time went*, under the "
+    "result), but far less than scoring the tokens one by one, so fewer passes can finish the text sooner. "
+    "They are measured one after the other, then replayed here on a shared clock.")
 
 s = sidebar.current()
 plain_s = dataclasses.replace(s, drafter=drafters.PLAIN)
@@ -91,6 +93,8 @@ if not (plain and spec and plain.records and spec.records):
     if not ss.get("race_error"):
         notices.info("Press **Start the race**.")
     st.stop()
+if (old := runs.stale(spec.settings, s, "The race below")):
+    notices.warning(old, icon=":material/history:")
 if "stopped" in (plain.status, spec.status):
     notices.warning("The race was interrupted before both runs finished; showing what was decoded.", icon=":material/stop_circle:")
 
@@ -169,7 +173,7 @@ def board():
                      column_config={c: st.column_config.NumberColumn(format="%.1f")
                                     for c in ("TTFT ms", "TPOT ms", "tokens/s")})
         st.caption("TTFT: time to the first token (the prompt's reading included). TPOT: time per output token "
-                   "after it. Both from the replayed pair.")
+                   "after it. Both from the replayed pair. " + costs.ttft_note(q, p, spec.settings.drafter))
         ss.race_playing = False
 
 

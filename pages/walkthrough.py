@@ -144,7 +144,7 @@ the continuation of an n-gram already in the context: no network at all. Each is
     prompt = sidebar.PRESETS[wname].prompts[0]
     st.caption(f"Prompt ({why}): {prompt[:160]}{'…' if len(prompt) > 160 else ''}")
     r = live("variants", f"Decode {TOKENS} tokens with {which}", lambda: (which, run_drafter(which, prompt)))
-    if r:
+    if r and r[0] == which:   # another variant's result is not this one's
         name, (_, recs, m) = r
         c = st.columns(3)
         c[0].metric("drafter", name)

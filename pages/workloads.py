@@ -87,7 +87,9 @@ def figure(rows: list[dict]) -> go.Figure:
                     name="measured now, each workload's own drafter" if own else rs[0]["Drafter"],
                     marker_color=[measure.color(r["Drafter"]) for r in rs], cliponaxis=False,
                     text=[f"{r['Speedup']:.2f}×" + (" noisy: rerun" if r["Noisy"] else "") for r in rs],
-                    textposition="outside", constraintext="none",
+                    # a label just above a bar near 1× would sit on the dashed line: inside the bar there
+                    textposition=["inside" if 0.8 < r["Speedup"] < 1.2 else "outside" for r in rs],
+                    insidetextanchor="end", constraintext="none",
                     error_y=measure.speed_error([r["point"] for r in rs]),
                     customdata=[[r["Drafter"], r["Acceptance rate"]] for r in rs],
                     hovertemplate="%{x} with %{customdata[0]}: %{y:.2f}×, acceptance %{customdata[1]:.0%}"
@@ -169,7 +171,7 @@ st.markdown("**Where the time went**, per row: the draft's ms and the verify pas
             "ms / step ms, so good acceptance loses when the step costs more than the tokens it adds.")
 times = df[["Workload", "Drafter", "Acceptance rate", "Mean acceptance length", "Draft ms/step", "Verify ms/step",
             "Other ms/step", "Step ms", "Plain step ms", "Speedup"]]
-st.dataframe(times.round(3), hide_index=True, width="stretch")
+measure.shown_table(times.round(3))
 st.markdown(
     "**How to read it.** Speedup is tokens per second with speculation divided by tokens per second without, "
     "for the same prompts and settings; the dashed line is 1×, no gain, and a bar below it means speculation made "

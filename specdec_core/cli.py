@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from . import pieces
 from .bench.sweeps import REPEATS
 from .drafters import NAMES, PLAIN, TRAINED, DrafterUnavailable, entry, make, resolve_draft
 from .engine import run
@@ -252,9 +253,9 @@ def cmd_generate(args) -> int:
     text = target.tokenizer.decode(out, skip_special_tokens=True)
     if args.steps:
         for r in recs:
-            marks = " ".join(f"{p.piece!r}:{p.verdict[0]}" for p in r.positions)
+            marks = " ".join(f"{pieces.readable(p.piece)!r}:{p.verdict[0]}" for p in r.positions)
             print(f"step {r.index:3d}  drafted {r.k:2d}  accepted {r.n_accepted:2d}  {r.final_kind:9s} "
-                  f"{r.final_piece!r}  [{marks}]", file=sys.stderr)
+                  f"{pieces.readable(r.final_piece)!r}  [{marks}]", file=sys.stderr)
     if args.json:
         print(json.dumps({"token_ids": out, "text": text, "drafter": drafter.name,
                           "k": drafter.default_k if args.k is None else args.k,

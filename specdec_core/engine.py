@@ -20,6 +20,7 @@ from typing import Iterator
 
 import torch
 
+from . import pieces
 from .backend import Single
 from .chain_step import Checked
 from .drafters import PLAIN, Drafter, Proposal, make
@@ -102,7 +103,7 @@ class Show:
         self.tok, self.detail = tokenizer, detail
 
     def piece(self, i: int) -> str:
-        return self.tok.decode([i]) if self.detail else ""
+        return pieces.piece(self.tok, i) if self.detail else ""
 
     def top(self, dist: torch.Tensor) -> list[Candidate]:
         if not self.detail:

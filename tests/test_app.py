@@ -210,7 +210,11 @@ def test_metrics_say_what_they_count_and_hold_across_a_steps_phases(lookup_run):
         at.button(key="phase_next").click().run()
     assert len(seen) == len(frames.frames(recs[step])) and all(v == seen[0] for v in seen)
     upto, whole = frames.running(recs, step), frames.running(recs, len(recs) - 1)
-    assert seen[0][4] == str(upto.target_forwards) and seen[0][9] == str(whole.target_forwards)
+    assert seen[0][3] == str(upto.target_forwards) and seen[0][8] == str(whole.target_forwards)
+    # one speedup, for the whole run: a part of the run (its prompt processing in it) is never set against it
+    assert seen[0][4] == "—" and seen[0][9].endswith("×")
+    labels = [x.label for x in at.metric]
+    assert labels.count("Speedup") == 2 and not any("plain" in x for x in labels)
     assert seen[0][1] == f"{upto.mean_acceptance_length:.2f}" and seen[0][6] == f"{whole.mean_acceptance_length:.2f}"
 
 

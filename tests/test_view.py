@@ -137,6 +137,32 @@ def test_tree_captions_and_table_use_tree_words_not_chain_words(tree_records):
     assert f"{rec.tree.drafted} candidates" in caption(rec, frames(rec)[0], greedy=False)
 
 
+@pytest.mark.parametrize("shape", [[(0,), (0, 0), (0, 0, 0)], [(0,), (1,), (0, 0), (1, 0)]])
+def test_the_result_speaks_of_faded_branches_only_where_some_are_faded(shape):
+    """A chain-shaped tree has no branches: its result never says the faded branches were not needed."""
+    from app import tree_view
+    from app.frames import frames
+    from specdec_core import engine
+    from specdec_core.drafters.medusa import Heads, Medusa
+    from specdec_core.sampling import SamplingParams
+    from tests.tiny import tiny_lm
+    tgt = tiny_lm(0)
+    d = Medusa(tgt, heads=Heads(32, 3), manifest={}, tree=shape)
+    _, recs, _ = engine.run(tgt, d, [1, 2, 3], sp=SamplingParams(temperature=1.0, seed=1), max_new_tokens=24,
+                            stop_at_eos=False)
+    seen = set()
+    for rec in (r for r in recs if r.tree is not None):
+        last = frames(rec)[-1]
+        faded = sum(s == "pruned" for s in tree_view.state(rec.tree, last).values())
+        text = caption(rec, last, greedy=False)
+        assert ("faded" in text) == (faded > 0), text
+        if not faded:
+            chain = len(shape) == 3
+            assert ("single chain" in text) == chain and ("every candidate was tested" in text) != chain
+        seen.add(faded > 0)
+    assert (False in seen) if len(shape) == 3 else (True in seen)   # the case each shape is here for was met
+
+
 def test_the_cost_breakdown_adds_up_and_predicts_from_the_costs():
     from app import costs
     from tests.test_profile import rec as timed
@@ -151,4 +177,5 @@ def test_the_cost_breakdown_adds_up_and_predicts_from_the_costs():
     per_token = [sum(t.x[i] for t in fig.data if t.type == "bar") for i in range(4)]
     assert per_token == pytest.approx([20.0, 50.0, 20.0, 12.5])
     words = costs.sentence(s, plain, 0.85)
-    assert "85%" in words and "2.50×" in words and "1.60×" in words
+    assert "85%" in words and "2.50×" in words and "12.5 ms" in words and "mean acceptance length is **4.00**" in words
+    assert "1.60×" not in words and "commits" not in words    # one speedup on a page: the measured one

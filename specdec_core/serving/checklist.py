@@ -117,6 +117,17 @@ def _like(results: list[PromptResult], cut: int = 40) -> str:
                      for r in results)
 
 
+def difference_note(results: list[PromptResult]) -> str:
+    """Why greedy tokens differed, said only where some did ("" when every prompt gave identical tokens)."""
+    diff = [r for r in results if r.first_diff is not None]
+    if not diff:
+        return ""
+    return (f"{len(diff)} of {len(results)} prompt{'s' if len(results) != 1 else ''} gave different greedy tokens. "
+            "That is the implementation, not the algorithm (the rule is exact): where two tokens are nearly tied, "
+            "a many-token verify pass and a one-token step can round them differently (transformers' own "
+            "forward does; this app's own forward scores a position the same in both).")
+
+
 def verdict(results: list[PromptResult]) -> str:
     """The checklist's conclusion, per prompt: where the numbers earn speculation, and where to keep it off."""
     same = sum(r.first_diff is None for r in results)
