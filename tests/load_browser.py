@@ -253,6 +253,7 @@ async def settle(page, limit_ms: int) -> None:
 
 async def open_page(browser, url: str, p: Page, limit_ms: int) -> None:
     ctx = await browser.new_context(viewport={"width": 1280, "height": 1000})
+    ctx.set_default_timeout(limit_ms)   # ten pages loading at once on a busy machine outlast playwright's 30 s
     p.page = await ctx.new_page()
     await p.page.goto(f"{url}step?{p.url_query}")
     await p.page.locator(".st-key-generate button").wait_for(timeout=limit_ms)
@@ -307,6 +308,7 @@ async def probe(browser, url: str, run: Run, limit_ms: int) -> None:
     while run.pending():
         before = run.pending()
         ctx = await browser.new_context(viewport={"width": 1280, "height": 900})
+        ctx.set_default_timeout(limit_ms)
         try:
             page = await ctx.new_page()
             t = time.monotonic()
