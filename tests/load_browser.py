@@ -284,12 +284,15 @@ async def finish(p: Page, run: Run, t0: float, limit_ms: int) -> None:
         if await page.get_by_text("Stopped after", exact=False).count():
             raise RuntimeError("the run was stopped before its end")
         want = p.want
-        for _ in range(40):   # the fragment may still be drawing the step the click asked for
-            chips = page.locator(CHIPS)
-            titles = [await c.get_attribute("title") for c in await chips.all()]
-            if len(titles) == len(want.tokens):
+        # the replay's fragment may still be drawing an earlier step: wait, as long as the test may, for the
+        # heading of the last step ("Step n of n") and a chip for every token
+        end = time.monotonic() + limit_ms / 1000
+        while True:
+            head = page.locator("h3").filter(has_text=re.compile(r"Step (\d+) of \1\b"))
+            titles = [await c.get_attribute("title") for c in await page.locator(CHIPS).all()]
+            if (await head.count() and len(titles) == len(want.tokens)) or time.monotonic() > end:
                 break
-            await page.wait_for_timeout(250)
+            await page.wait_for_timeout(500)
         texts = await page.locator(CHIPS).all_inner_texts()
         ids, pieces, shown = read_chips(titles, texts)
         p.got, p.shown_tokens = "".join(pieces), len(ids)
