@@ -278,7 +278,8 @@ async def finish(p: Page, run: Run, t0: float, limit_ms: int) -> None:
         p.total_s = time.monotonic() - p.clicked
         say(f"  page {p.i:2d} ({p.cfg['drafter']}) done {p.total_s:6.1f} s after its click "
             f"({len(run.pages) - run.pending()} of {len(run.pages)}, {time.monotonic() - t0:.0f} s in)")
-        await settle(page, limit_ms)
+        # no wait for the page to be idle first: its replay reruns every 0.9 s, and on a busy machine each rerun
+        # outlasts that, so the running indicator never goes away until Last pauses it
         await page.locator(".st-key-last button").first.click()   # pauses the replay at the last step, shown whole
         await settle(page, limit_ms)
         if await page.get_by_text("Stopped after", exact=False).count():
