@@ -63,6 +63,12 @@ SESSIONS ?= 20
 load-test: setup
 	$(BIN)/python tests/load.py --sessions $(SESSIONS)
 
+# the same in real browsers: one app server, SESSIONS headless Chromium pages (10 unless SESSIONS is given) press
+# Generate on Step by step at once, each with its own prompt and drafter (a few minutes; needs /usr/bin/chromium)
+.PHONY: load-test-browser
+load-test-browser: setup
+	$(BIN)/python tests/load_browser.py --pages $(if $(filter command line environment,$(origin SESSIONS)),$(SESSIONS),10)
+
 bench: setup
 	$(BIN)/python -m specdec_core bench --prompts specdec_core/prompts/extraction.jsonl --drafter lookup --max-new-tokens 96
 
