@@ -4,6 +4,7 @@ running the checklist on a pasted set and keeping what was entered when an uploa
 that refuses the connection told as such, never as a finished phase."""
 from __future__ import annotations
 
+import dataclasses
 import socket
 from pathlib import Path
 
@@ -214,7 +215,7 @@ def test_the_page_runs_the_checklist_on_a_pasted_set_and_a_bad_file_loses_nothin
         assert len(r.base_ids) == len(r.spec_ids) == 4 and r.first_diff is None
         assert r.timing["repeats"] == 3 and len(r.pairs) == 3 and r.decision()[1]
         assert r.base.ttft_s > 0 and r.spec.tpot_s > 0
-    table = at.table[0].value
+    table = next(t.value for t in at.table if "prompt 1" in t.value.columns)   # §1 has tables too
     assert list(table.columns) == ["prompt 1", "prompt 2"] and "speculation" in table.index
     assert table.loc["text", "prompt 1"].startswith("Repeat exactly")
     said = checklist.verdict(res)
@@ -230,3 +231,23 @@ def test_the_page_runs_the_checklist_on_a_pasted_set_and_a_bad_file_loses_nothin
     assert [e.value for e in at.error] == ["The file 'traffic.jsonl': line 2 has no \"prompt\" field (it has \"text\")"]
     assert at.text_area(key="ck_paste").value == pasted and at.slider(key="ck_tokens").value == 4
     assert at.session_state["checklist"][1] is res and at.button(key="run_checklist").disabled
+
+
+# ---------------------------------------------------------------- the set's verdict (no model: known counts)
+
+def test_the_set_verdict_sums_each_repeat_over_the_prompts():
+    from types import SimpleNamespace as NS
+    timing = {"speedup": 1.5, "speedup_min": 1.4, "speedup_max": 1.6, "noisy": False, "repeats": 3}
+    easy = checklist.PromptResult("easy", [1], [1], NS(), NS(acceptance_rate=0.8, drafted=10, accepted=8), timing,
+                                  [(10, 1.0, 10, 0.5)] * 3)
+    hard = checklist.PromptResult("hard", [1], [1], NS(), NS(acceptance_rate=0.1, drafted=10, accepted=1),
+                                  timing | {"speedup": 0.8}, [(10, 1.0, 10, 1.25)] * 3)
+    o = checklist.overall([easy, hard])
+    assert o["speedup"] == pytest.approx((20 / 1.75) / (20 / 2.0)) and o["repeats"] == 3
+    assert o["acceptance_rate"] == pytest.approx(9 / 20)
+    said = checklist.set_verdict([easy, hard])
+    assert said.startswith("Over the whole set: acceptance 45%, the set's speedup 1.14x") and "1 of 2 prompts" in said
+    assert "on pays for the set as a whole" in said
+    assert "keep it off for this traffic" in checklist.set_verdict([hard])
+    slow = [(10, 1.0, 10, 2.0)] * 3
+    assert "runs slower with it" in checklist.set_verdict([easy, dataclasses.replace(hard, pairs=slow)])

@@ -199,7 +199,8 @@ def figure(results: list[PromptResult]) -> go.Figure:
 
 def md_table(df: pd.DataFrame) -> str:
     cols = [df.index.name or ""] + list(df.columns)
-    rows = [[str(i)] + [str(v) for v in row] for i, row in zip(df.index, df.itertuples(index=False))]
+    rows = [[str(i)] + [str(v).replace("|", "\\|") for v in row]   # a prompt's own "|" stays in its cell
+            for i, row in zip(df.index, df.itertuples(index=False))]
     return "\n".join("| " + " | ".join(r) + " |" for r in [cols, ["---"] * len(cols)] + rows)
 
 
