@@ -239,9 +239,3 @@ def settle() -> None:
         r = st.session_state.get(key)
         if r is not None and r.status == "running":
             r.status = "stopped"
-
-
-def pace(tgt) -> tuple[float, float]:
-    """(seconds per prompt token, seconds per one-token forward) of `tgt` on this machine, measured once per
-    server: what a page's estimate of its own run time starts from."""
-    return _rate(tgt)
