@@ -249,5 +249,8 @@ def test_the_set_verdict_sums_each_repeat_over_the_prompts():
     assert said.startswith("Over the whole set: acceptance 45%, the set's speedup 1.14x") and "1 of 2 prompts" in said
     assert "on pays for the set as a whole" in said
     assert "keep it off for this traffic" in checklist.set_verdict([hard])
+    unsure = dataclasses.replace(easy, spec=NS(acceptance_rate=0.3, drafted=10, accepted=3),
+                                 timing=timing | {"noisy": True})   # undecided alone; the set's acceptance 20%
+    assert "hard to draft, keep it off" in checklist.set_verdict([unsure, hard])
     slow = [(10, 1.0, 10, 2.0)] * 3
     assert "runs slower with it" in checklist.set_verdict([easy, dataclasses.replace(hard, pairs=slow)])

@@ -154,6 +154,8 @@ def set_verdict(results: list[PromptResult]) -> str:
         word = "keep it off for this traffic"
     elif o["noisy"]:
         word = "undecided: rerun"
+    elif o["acceptance_rate"] < LOW_ACCEPTANCE:   # the per-prompt rule, on the set: low acceptance rules it out
+        word = "the set is hard to draft, keep it off (whatever one timing says)"
     elif o["speedup"] >= 1.0:
         word = "on pays for the set as a whole; the prompts marked off are where it does not"
     else:
