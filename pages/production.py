@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from app import runs, sidebar, turns
+from app import runs, sidebar, traffic_view, turns
 from specdec_core import drafters
 from specdec_core.bench import sweeps
 from specdec_core.serving import checklist, engines, peer, remote
@@ -45,30 +45,31 @@ for tab, e in zip(tabs, table.values()):
         st.markdown("Docs: " + " · ".join(f"[{x}]({u})" for x, u in zip(engines.link_labels(e.docs), e.docs)))
 
 st.markdown("## 2 · The operator's checklist, run here")
-st.markdown("Fix a set of prompts, decode **greedily** with the draft off and on, **diff the tokens**, then read "
+st.markdown("Fix a set of prompts (the workloads' examples, or **your own traffic**: upload or paste it), decode "
+            "**greedily** with the draft off and on, **diff the tokens**, then read "
             "acceptance, TTFT, TPOT and throughput against the baseline. Keep speculation only where the numbers "
             f"earn it: each prompt's two runs go back to back, {sweeps.REPEATS} times with the order alternating, "
             "and the verdict is per prompt (off where acceptance is low or the median pair is slower).")
-pool = [(name, w.prompts[0]) for name, w in sidebar.PRESETS.items()]
-c1, c2 = st.columns(2)
-chosen = c1.multiselect("Fixed prompts (first example of each workload)", [n for n, _ in pool],
-                        default=[n for n, _ in pool][:3], key="ck_prompts")
-n_tok = c2.slider("New tokens per prompt", 4, 48, 24, step=4, key="ck_tokens",
+pool = traffic_view.examples()
+prompts = traffic_view.chosen()
+n_tok = st.slider("New tokens per prompt", 4, 48, 24, step=4, key="ck_tokens",
                   help="Small on purpose: on a CPU each run takes seconds.")
+if prompts:
+    st.caption(traffic_view.estimate(runs.target(), prompts, int(n_tok)))
 if not drafters.entry(s.drafter).drafts:
     st.info("Pick a drafter in the sidebar: with `none` there is nothing to compare against the baseline.")
-if st.button("Run the checklist", key="run_checklist", type="primary", disabled=not drafters.entry(s.drafter).drafts or not chosen):
+if st.button("Run the checklist", key="run_checklist", type="primary",
+             disabled=not drafters.entry(s.drafter).drafts or not prompts):
     bar = st.progress(0.0, text="Running the baseline and the speculative decoder on each prompt…")
     try:
         tgt = runs.target()
         runs.make_drafter(s, tgt)  # errors (an incompatible draft, a missing model) before any decoding
-        prompts = [p for n, p in pool if n in chosen]
         with turns.hold(turns.shown(bar)):   # one turn at the shared model for the whole checklist
             res = checklist.run(tgt, lambda: runs.make_drafter(s, tgt), prompts, int(s.k), int(n_tok),
                                 on_step=lambda i, n: bar.progress(i / n, text=f"{i} of {n} prompts"))
         # what was run: greedy, n_tok tokens (the sidebar's temperature and length do not apply here)
         st.session_state.checklist = (dataclasses.replace(s, temperature=0.0, max_new_tokens=int(n_tok)), res)
-        st.session_state.checklist_for = (s, list(chosen), int(n_tok))   # what the result answers
+        st.session_state.checklist_for = (s, list(prompts), int(n_tok))   # what the result answers
     except Exception as e:  # every failure is a message, never a traceback
         st.error(runs.friendly(e))
     bar.empty()
@@ -77,12 +78,15 @@ done = st.session_state.get("checklist")
 if done:
     ds, res = done
     then = st.session_state.get("checklist_for")
-    if then and (then[0], then[1], then[2]) != (s, list(chosen), int(n_tok)):
+    if then and (then[0], then[1], then[2]) != (s, list(prompts), int(n_tok)):
         st.warning("This result was made for other settings or prompts than those chosen now "
-                   f"({', '.join(then[1]) or 'no prompts'}, {then[2]} tokens, {then[0].drafter}): press **Run the "
+                   f"({len(then[1])} prompts, {then[2]} tokens, {then[0].drafter}): press **Run the "
                    "checklist** again for these.", icon=":material/history:")
     st.markdown(f"**Result** ({ds.summary()}): {checklist.verdict(res)}")
-    st.table(checklist.table(res, by_prompt=True))
+    if len(res) <= 4:   # one column per prompt fits the page; a larger set reads better one row per prompt
+        st.table(checklist.table(res, by_prompt=True))
+    else:
+        st.dataframe(checklist.table(res))
     st.plotly_chart(checklist.figure(res), key="ck_fig")
     if why_diff := checklist.difference_note(res):
         st.caption(why_diff)
@@ -161,11 +165,15 @@ e3, e4, e5 = st.columns(3)
 ep_model = e3.text_input("Model name (empty: the server's first)", "", key="ep_model")
 ep_tokens = e4.number_input("Max tokens", 1, 4096, 64, key="ep_tokens")
 ep_timeout = e5.number_input("Timeout, seconds per wait", 1, 600, 30, key="ep_timeout")
-ep_prompts = st.text_area("Prompts, one per line", remote.prompts_text([p for _, p in pool[:3]]), key="ep_prompts",
+ss = st.session_state
+ss.setdefault("ep_prompts", remote.prompts_text([p for _, p in pool[:3]]))
+if ss.get("ck_own"):   # your own traffic from §2, against your server
+    st.button(f"Use §2's prompt set here ({len(ss.ck_own)} prompts)", key="ep_use_own",
+              on_click=lambda: ss.update(ep_prompts=remote.prompts_text(ss.ck_own)))
+ep_prompts = st.text_area("Prompts, one per line", key="ep_prompts",
                           height=110, help="One prompt per line; a line break inside a prompt is written `\\n` "
                                            "(a backslash `\\\\`), so a prompt with a blank line stays one prompt.")
 lines = remote.parse_prompts(ep_prompts)
-ss = st.session_state
 
 
 def _progress(bar):
@@ -183,10 +191,15 @@ else:
     b1, b2 = st.columns(2)
     if b1.button("1 · Run with speculation off", key="ep_run_off", disabled=not lines):
         bar = st.progress(0.0, text="Asking the server…")
-        ss.ep_phase_off = remote.run_phase("speculation off", url_off, lines, ep_model or None, int(ep_tokens),
-                                           float(ep_timeout), 1, _progress(bar))
-        ss.ep_lines_off = lines     # the second phase asks exactly these, even if the box is edited meanwhile
-        ss.pop("ep_report", None)
+        ph = remote.run_phase("speculation off", url_off, lines, ep_model or None, int(ep_tokens), float(ep_timeout),
+                              1, _progress(bar))
+        for key in ("ep_report", "ep_phase_off"):
+            ss.pop(key, None)
+        if remote.failed(ph):   # not done: press 1 again once the server answers
+            ss.ep_failed = remote.failed(ph)
+        else:
+            ss.ep_phase_off, ss.ep_lines_off = ph, lines   # phase 2 asks exactly these, even if the box is edited
+            ss.pop("ep_failed", None)
         bar.empty()
     if b2.button("2 · Restarted with speculation on: run again", key="ep_run_on",
                  disabled="ep_phase_off" not in ss or not lines):
@@ -196,9 +209,10 @@ else:
                               1, _progress(bar))
         ss.ep_report = remote.Report(asked, off, on, int(ep_tokens), float(ep_timeout), paired=False)
         bar.empty()
-    if "ep_phase_off" in ss and "ep_report" not in ss:
-        st.info("Speculation off: done" + (f" ({ss.ep_phase_off.error})" if ss.ep_phase_off.error else "")
-                + ". Restart the server with speculation on, then press **2**.")
+    if ss.get("ep_failed"):
+        st.error(ss.ep_failed + " Start the server (or correct the address), then press **1** again.")
+    elif "ep_phase_off" in ss and "ep_report" not in ss:
+        st.info("Speculation off: done. Restart the server with speculation on, then press **2**.")
 
 rep = ss.get("ep_report")
 if rep:

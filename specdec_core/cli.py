@@ -1,9 +1,9 @@
 """Command line: generate, bench, bench-forward, profile, sweep, check, reference, train (`--help`).
 
 generate prints the text (or, with --json, one JSON object as the last stdout line); bench decodes every prompt
-of a JSONL file with the baseline and each drafter side by side in one process and reports speedups (with
---peer llama.cpp, llama.cpp plain and with its prompt lookup beside our engine, on the same model file);
-check runs the production checklist against live OpenAI-compatible servers;
+of a prompt file (JSON Lines, CSV or plain text: serving.prompt_set) with the baseline and each drafter side by
+side in one process and reports speedups (with --peer llama.cpp, llama.cpp plain and with its prompt lookup
+beside our engine, on the same model file); check runs the production checklist against live OpenAI-compatible servers;
 bench-forward times our forward against transformers' (per forward, and greedy tokens/s); profile splits each
 drafter's step time into its phases and sets Leviathan et al.'s predicted speedup beside the measured one; sweep
 moves one of temperature, batch size or k; reference records the run the pages draw beside their live
@@ -22,6 +22,10 @@ from .engine import run
 from .errors import InputError
 from .models import BUNDLED, LM, ModelError, load
 from .sampling import SamplingParams
+from .serving.prompt_set import FORMATS, bounds
+
+PROMPT_FILE = f"a prompt file: {'; '.join(FORMATS.values())} (told by its suffix or content); {bounds()}"
+PROMPT_FILES = "one or more prompt files, each " + PROMPT_FILE[2:]
 
 class PeerMissing(RuntimeError):
     """The peer engine is not installed; the message says how to install it."""
@@ -77,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", action="store_true", help="print every verification step")
     _common(g)
     b = sub.add_parser("bench", help="baseline vs drafters on a prompt file, side by side")
-    b.add_argument("--prompts", required=True, nargs="+", help="JSONL files, one {\"prompt\": ...} per line")
+    b.add_argument("--prompts", required=True, nargs="+", help=PROMPT_FILES)
     b.add_argument("--drafter", action="append", default=None,
                    help="repeatable (required without --peer); with --peer, each drafter but lookup also runs on "
                         "our engine, at its own default k, beside llama.cpp's plain decoding")
@@ -93,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     _common(b)
     p = sub.add_parser("profile", help="per drafter: ms per step in each phase, the draft's cost c, the verify "
                                        "pass's cost, and predicted beside measured speedups")
-    p.add_argument("--prompts", required=True, nargs="+", help="JSONL files, one {\"prompt\": ...} per line")
+    p.add_argument("--prompts", required=True, nargs="+", help=PROMPT_FILES)
     p.add_argument("--drafter", action="append", required=True,
                    help=f"repeatable, one of {', '.join(NAMES)}; plain decoding (none) is always measured as the "
                         f"reference")
@@ -104,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
     _common(p)
     s = sub.add_parser("sweep", help="acceptance and speedup against temperature, batch size or k")
     s.add_argument("axis", choices=["temperature", "batch", "k"])
-    s.add_argument("--prompts", required=True, help="JSONL, one {\"prompt\": ...} per line")
+    s.add_argument("--prompts", required=True, help=PROMPT_FILE)
     s.add_argument("--drafter", required=True)
     s.add_argument("--temperatures", default="0,0.6,1.2")
     s.add_argument("--batch-sizes", default="1,8,32")
@@ -127,7 +131,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--base-url-spec", default=None,
                    help="the server with speculation on; without it, the checklist waits while you restart the "
                         "--base-url server with speculation on")
-    c.add_argument("--prompts", required=True, help="JSONL, one {\"prompt\": ...} per line")
+    c.add_argument("--prompts", required=True, help=PROMPT_FILE)
     c.add_argument("--model", default=None, help="the model name to ask for (default: the server's first)")
     c.add_argument("--model-spec", default=None, help="the speculative server's model name (default: --model)")
     c.add_argument("--max-tokens", type=int, default=64)
@@ -201,18 +205,14 @@ def _read_prompt(args) -> str:
 
 
 def _prompt_rows(paths: list[str], limit: int | None, categories: list[str] | None = None) -> list[dict]:
-    """The rows of every --prompts file, in order, only those of --category (when given), cut to --limit; a
-    missing file, a bad limit or a category no row has is one line."""
-    from pathlib import Path
-    from .bench.workloads import load_jsonl
+    """The rows of every --prompts file (JSON Lines, CSV or plain text: serving.prompt_set), in order, only
+    those of --category (when given), cut to --limit; a missing or bad file, a bad limit or a category no row
+    has is one line."""
+    from .serving import prompt_set
     if limit is not None and limit < 1:
         raise InputError(f"--limit must be at least 1, got {limit}")
-    for f in paths:
-        if Path(f).is_dir():
-            raise InputError(f"--prompts {f!r} is a directory, not a JSONL file")
-        if not Path(f).exists():
-            raise InputError(f"--prompts {f!r} does not exist")
-    rows = [r for f in paths for r in load_jsonl(f)]
+    sets = [prompt_set.read(f, None if categories else limit) for f in paths]
+    rows = [r for ps in sets for r in ps.rows]
     if categories:
         have = sorted({r.get("category", "") for r in rows} - {""})
         missing = [c for c in categories if c not in have]
@@ -471,11 +471,7 @@ def _loop(target) -> str:
 
 
 def _check_prompts(path: str, limit: int | None) -> list[str]:
-    from .bench.workloads import load_jsonl
-    rows = load_jsonl(path)[:limit]
-    if not rows:
-        raise InputError(f"--prompts {path!r} holds no prompt")
-    return [r["prompt"] for r in rows]
+    return [r["prompt"] for r in _prompt_rows([path], limit)]
 
 
 def cmd_check(args) -> int:
@@ -502,15 +498,20 @@ def cmd_check(args) -> int:
         n = args.repeats or 1
         base = remote.run_phase("speculation off", args.base_url, prompts, args.model, args.max_tokens,
                                 args.timeout, n, say)
-        say(f"speculation off: done. Restart the server at {args.base_url} with speculation on, then press Enter.")
-        try:
-            input()
-            spec = remote.run_phase("speculation on", args.base_url, prompts, args.model_spec or args.model,
-                                    args.max_tokens, args.timeout, n, say)
-        except EOFError:
+        if remote.failed(base):   # not done (the server unreachable or stopped): nothing to restart for
             spec = remote.Phase("speculation on", args.base_url,
-                                error="speculation on: not run (no Enter on standard input after the restart; "
-                                      "give --base-url-spec to check two servers without waiting)")
+                                error="speculation on: not run (speculation off is not done)")
+        else:
+            say(f"speculation off: done. Restart the server at {args.base_url} with speculation on, then press "
+                "Enter.")
+            try:
+                input()
+                spec = remote.run_phase("speculation on", args.base_url, prompts, args.model_spec or args.model,
+                                        args.max_tokens, args.timeout, n, say)
+            except EOFError:
+                spec = remote.Phase("speculation on", args.base_url,
+                                    error="speculation on: not run (no Enter on standard input after the restart; "
+                                          "give --base-url-spec to check two servers without waiting)")
         rep = remote.Report(prompts, base, spec, args.max_tokens, args.timeout, paired=False)
     for e in rep.errors:
         print(f"error: {e}", file=sys.stderr)
@@ -543,8 +544,7 @@ def _floats(s: str, what: str) -> list[float]:
 def cmd_sweep(args) -> int:
     from tqdm import tqdm
     from .bench import sweeps, theory
-    from .bench.workloads import load_jsonl
-    rows = load_jsonl(args.prompts)[:args.limit]
+    rows = _prompt_rows([args.prompts], args.limit)
     _check_early(args)
     entry(args.drafter)   # DrafterUnavailable for a name the registry does not know
     target, draft_lm = _models(args)

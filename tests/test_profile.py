@@ -187,7 +187,7 @@ def test_a_missing_prompts_file_is_one_line(monkeypatch, capsys):
     assert main(["profile", "--prompts", "no/such.jsonl", "--drafter", "lookup"]) == 2
     assert capsys.readouterr().err == "error: --prompts 'no/such.jsonl' does not exist\n"
     assert main(["profile", "--prompts", "specdec_core", "--drafter", "lookup"]) == 2
-    assert capsys.readouterr().err == "error: --prompts 'specdec_core' is a directory, not a JSONL file\n"
+    assert capsys.readouterr().err == "error: --prompts 'specdec_core' is a directory, not a prompt file\n"
 
 
 def test_category_picks_rows_and_an_unknown_one_is_one_line(monkeypatch, capsys):

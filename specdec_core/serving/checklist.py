@@ -36,6 +36,7 @@ class PromptResult:
     base: object               # RunMetrics of the median pair's plain run
     spec: object               # RunMetrics of the median pair's speculative run
     timing: dict = field(default_factory=dict)   # sweeps.ratios over the pairs: speedup, its min-max, noisy
+    pairs: list[tuple] = field(default_factory=list)   # per repeat: (plain tokens, plain s, spec tokens, spec s)
 
     @property
     def first_diff(self) -> int | None:
@@ -82,8 +83,9 @@ def run(target, make_drafter, prompts: list[str], k: int, max_new_tokens: int, o
         j = next((j for j, ((_, _, b), (_, _, s)) in enumerate(zip(got["plain"], got["spec"]))
                   if s.tokens_per_s == timing["tokens_per_s"] and b.tokens_per_s == timing["baseline_tokens_per_s"]),
                  0)   # the median pair
+        pairs = [(b.tokens, b.total_s, s.tokens, s.total_s) for (_, _, b), (_, _, s) in zip(got["plain"], got["spec"])]
         out.append(PromptResult(text, got["plain"][0][0], got["spec"][0][0], got["plain"][j][2], got["spec"][j][2],
-                                timing))
+                                timing, pairs))
         if on_step:
             on_step(i + 1, len(prompts))
     return out
@@ -95,7 +97,7 @@ def table(results: list[PromptResult], by_prompt: bool = False) -> pd.DataFrame:
     for n, r in enumerate(results, 1):
         t = r.timing
         keep, _ = r.decision()
-        rows.append({"prompt": f"prompt {n}", "tokens": r.spec.tokens,
+        rows.append({"prompt": f"prompt {n}", "text": _cut(r.prompt, 40), "tokens": r.spec.tokens,
                      "greedy tokens": difference(r.base_ids, r.spec_ids),
                      "acceptance rate": round(r.spec.acceptance_rate, 3),
                      "mean acceptance length": round(r.spec.mean_acceptance_length, 2),
@@ -109,6 +111,11 @@ def table(results: list[PromptResult], by_prompt: bool = False) -> pd.DataFrame:
                      "speculation": {True: "keep", False: "off", None: "rerun"}[keep]})
     df = pd.DataFrame(rows).set_index("prompt")
     return df.T.astype(str) if by_prompt else df
+
+
+def _cut(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text[:n] + ("…" if len(text) > n else "")
 
 
 def _like(results: list[PromptResult], cut: int = 40) -> str:
@@ -126,6 +133,46 @@ def difference_note(results: list[PromptResult]) -> str:
             "That is the implementation, not the algorithm (the rule is exact): where two tokens are nearly tied, "
             "a many-token verify pass and a one-token step can round them differently (transformers' own "
             "forward does; this app's own forward scores a position the same in both).")
+
+
+def overall(results: list[PromptResult]) -> dict:
+    """The whole set as one workload: per repeat, all prompts' tokens over all their seconds on each side, the
+    repeats paired by the measuring rule (sweeps.ratios); with the set's acceptance (accepted over drafted)."""
+    n = min((len(r.pairs) for r in results), default=0)
+    spec, base = [], []
+    for i in range(n):
+        bt, bs, st, ss = (sum(r.pairs[i][j] for r in results) for j in range(4))
+        if bs > 0 and ss > 0:
+            base.append(bt / bs)
+            spec.append(st / ss)
+    drafted = sum(r.spec.drafted for r in results)
+    return ratios(spec, base) | {"acceptance_rate": sum(r.spec.accepted for r in results) / drafted if drafted
+                                 else 0.0}
+
+
+def set_verdict(results: list[PromptResult]) -> str:
+    """One line for the set: its acceptance and paired speedup, and how many prompts keep speculation."""
+    o = overall(results)
+    keep = sum(r.decision()[0] is True for r in results)
+    off = sum(r.decision()[0] is False for r in results)
+    if not o["repeats"]:
+        return ""
+    how = (f"the set's speedup {o['speedup']:.2f}x (each repeat summed over the prompts, median of {o['repeats']}, "
+           f"{o['speedup_min']:.2f}-{o['speedup_max']:.2f}x" + (", noisy: rerun" if o["noisy"] else "") + ")")
+    if keep == len(results):
+        word = "keep speculation on for this traffic"
+    elif off == len(results):
+        word = "keep it off for this traffic"
+    elif o["noisy"]:
+        word = "undecided: rerun"
+    elif o["acceptance_rate"] < LOW_ACCEPTANCE:   # the per-prompt rule, on the set: low acceptance rules it out
+        word = "the set is hard to draft, keep it off (whatever one timing says)"
+    elif o["speedup"] >= 1.0:
+        word = "on pays for the set as a whole; the prompts marked off are where it does not"
+    else:
+        word = "as a whole the set runs slower with it: keep it off, or send only prompts like the kept ones to it"
+    return (f"Over the whole set: acceptance {o['acceptance_rate']:.0%}, {how}; {keep} of {len(results)} "
+            f"prompt{'s' if len(results) != 1 else ''} earn it: {word}.")
 
 
 def verdict(results: list[PromptResult]) -> str:
@@ -147,7 +194,8 @@ def verdict(results: list[PromptResult]) -> str:
                       "like ") + _like(off) + ".")
     if noisy:
         parts.append("Undecided, the machine was too busy to tell (rerun): " + _like(noisy) + ".")
-    return head.rstrip() + "\n\n" + "\n".join(f"- {p}" for p in parts)
+    whole = set_verdict(results) if len(results) > 1 else ""
+    return head.rstrip() + (" " + whole if whole else "") + "\n\n" + "\n".join(f"- {p}" for p in parts)
 
 
 def figure(results: list[PromptResult]) -> go.Figure:
@@ -164,7 +212,8 @@ def figure(results: list[PromptResult]) -> go.Figure:
 
 def md_table(df: pd.DataFrame) -> str:
     cols = [df.index.name or ""] + list(df.columns)
-    rows = [[str(i)] + [str(v) for v in row] for i, row in zip(df.index, df.itertuples(index=False))]
+    rows = [[str(i)] + [str(v).replace("|", "\\|") for v in row]   # a prompt's own "|" stays in its cell
+            for i, row in zip(df.index, df.itertuples(index=False))]
     return "\n".join("| " + " | ".join(r) + " |" for r in [cols, ["---"] * len(cols)] + rows)
 
 

@@ -28,33 +28,7 @@ from ..bench.sweeps import REPEATS, ratios
 from . import endpoint
 from .checklist import md_table
 from .endpoint import EndpointError, SpecCounters, Streamed
-
-
-def prompts_text(prompts: list[str]) -> str:
-    """Prompts -> the prompt box's text: one prompt per line, a line break inside a prompt written as the two
-    characters `\\n` (a backslash as `\\\\`), so a prompt with a blank line stays one prompt."""
-    return "\n".join(p.replace("\\", "\\\\").replace("\n", "\\n") for p in prompts)
-
-
-def parse_prompts(text: str) -> list[str]:
-    """The prompt box's text -> prompts (prompts_text's inverse): one per non-blank line, `\\n` a line break
-    inside it, `\\\\` a backslash; any other backslash is kept as typed."""
-    out = []
-    for line in text.split("\n"):
-        line = line.strip()   # the box's own edges (and a pasted "\r"); an escaped break is kept
-        if not line:
-            continue
-        chars, i = [], 0
-        while i < len(line):
-            two = line[i:i + 2]
-            if two in ("\\n", "\\\\"):
-                chars.append("\n" if two == "\\n" else "\\")
-                i += 2
-            else:
-                chars.append(line[i])
-                i += 1
-        out.append("".join(chars))
-    return out
+from .prompt_set import parse_prompts, prompts_text  # noqa: F401  (the page's prompt box, here since before)
 
 
 @dataclass
@@ -71,6 +45,21 @@ class Phase:
 
     def first(self, i: int) -> Streamed | None:
         return self.runs[0][i] if self.runs and i < len(self.runs[0]) else None
+
+
+def failed(ph: Phase) -> str:
+    """'' when the phase asked every prompt; else one plain line saying it is not done and why: the server
+    could not be reached (named by its address), could not be used, or stopped part way."""
+    if not ph.error:
+        return ""
+    why = ph.error.removeprefix(f"{ph.label}: ")
+    head = f"{ph.label[:1].upper()}{ph.label[1:]}: not done."
+    if not ph.model and why.startswith("cannot reach"):
+        reason = why.split(": ", 1)[1] if ": " in why else why
+        return f"{head} The server could not be reached at {ph.url}: {reason}. Nothing was asked."
+    if not ph.model:
+        return f"{head} The server at {ph.url} could not be used: {why}. Nothing was asked."
+    return f"{head} The server at {ph.url} stopped answering part way: {why}."
 
 
 def open_phase(label: str, url: str, model: str | None, timeout: float) -> Phase:
