@@ -25,11 +25,11 @@ here = runs.available()
 c1, c2 = st.columns([3, 2])
 with c1:
     st.session_state.setdefault("hr_formats", list(here))
-    fmts = [f for f in here if f in st.multiselect("Weight formats", here, key="hr_formats",
-                                                    format_func=regime.FORMATS.get,
-                                                    help="The formats this machine runs the target in.")]
-    wls = [w for w in WORKLOADS if w in st.multiselect("Workloads", list(WORKLOADS), key="hr_workloads",
-                                                       help="Each with its own drafter, at temperature 0.")]
+    chosen = st.multiselect("Weight formats", here, key="hr_formats", format_func=regime.FORMATS.get,
+                            help="The formats this machine runs the target in.")
+    picked = st.multiselect("Workloads", list(WORKLOADS), key="hr_workloads",
+                            help="Each with its own drafter (code and JSON: EAGLE; extraction: lookup), greedy.")
+fmts, wls = [f for f in here if f in chosen], [w for w in WORKLOADS if w in picked]
 with c2:
     prompts = st.slider("Prompts per workload", 1, 3, key="hr_prompts", help="More prompts: steadier, longer.")
     max_new = limits.tokens_input(st, "New tokens per prompt", 4, 128, key="hr_max_new", step=8)

@@ -130,6 +130,8 @@ def reason(costs: dict[str, Cost], chosen: str, limit: float = LIMIT, big: int =
     line += f" ({others})" if others else ""
     if c.ratio > limit:
         line += f"; no format stays under {limit:.2f}×, so the lowest"
+    if any(x.noisy for x in costs.values()):
+        line += "; measured on a busy machine (noisy pairs): the choice may differ on a quiet one"
     return line
 
 
