@@ -123,7 +123,7 @@ def measured_now() -> bool:
 def say_weights(slot) -> None:
     """The sidebar's weights line into `slot`: which format runs and why once measured; before that a line
     saying when it will be, and the slot kept so that target() fills it in this same run once it has loaded."""
-    if measured_now():
+    if measured_now() or (weights_choice() == formats.AUTO and formats.pinned()):
         slot.caption(in_use()[1])
         return
     slot.caption("Weights: chosen when the model first loads, by timing a 1-token and an 8-token pass in each "
@@ -148,8 +148,10 @@ def weights_choice() -> str:
 
 def in_use() -> tuple[str, str]:
     """(the format the target runs in for this session, one line saying which and why)."""
-    chosen, costs = measured()
     pick = weights_choice()
+    if pick == formats.AUTO and (pin := formats.pinned()):
+        return pin, f"Weights: {formats.FORMATS[pin]}, set on this server (SPECDEC_DTYPE)"
+    chosen, costs = measured()
     if pick == formats.AUTO or pick not in costs:
         line = "Weights: " + formats.reason(costs, chosen)
         if pick != formats.AUTO:

@@ -79,6 +79,15 @@ def test_unknown_or_unrunnable_formats_are_refused_in_words():
     assert d in here and regime.DTYPES[d] == pick_dtype(torch.device("cpu"))
 
 
+def test_an_operators_dtype_pins_the_format_instead_of_the_measurement(monkeypatch):
+    monkeypatch.delenv("SPECDEC_DTYPE", raising=False)
+    assert regime.pinned() is None
+    monkeypatch.setenv("SPECDEC_DTYPE", "auto")
+    assert regime.pinned() is None
+    monkeypatch.setenv("SPECDEC_DTYPE", "fp32")
+    assert regime.pinned() == "fp32"
+
+
 # -- each format, the real model ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", regime.formats())

@@ -16,6 +16,7 @@ from each other in their rounding, so their outputs may differ between formats).
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -80,6 +81,13 @@ def default_format(spec: str = BUNDLED, device: str | None = None) -> str | None
     if dt != torch.bfloat16:
         return None
     return "q4" if "q4" in formats(spec, dev) else "bf16"
+
+
+def pinned(spec: str = BUNDLED) -> str | None:
+    """The format an operator's SPECDEC_DTYPE (other than auto) sets for the bundled model, which the app then
+    runs instead of measuring; None when it is unset."""
+    env = os.environ.get("SPECDEC_DTYPE", "").strip().lower()
+    return default_format(spec) if env and env != AUTO else None
 
 
 def check(fmt: str, spec: str = BUNDLED, device: str | None = None) -> str:
