@@ -13,13 +13,14 @@ from specdec_core import drafters
 from specdec_core.models import FORWARDS
 
 from . import sidebar
+from .runs import WEIGHTS
 
 # key -> (type, lo, hi): the numeric ranges are the sidebar's own (sidebar.BOUNDS), so a URL can never set what
 # a control could not
 FIELDS = {"drafter": (str, None, None), "draft_model": (str, None, None),
           **{key: (type(hi), lo, hi) for key, (lo, hi) in sidebar.BOUNDS.items()},
           "workload": (str, None, None), "example": (int, 0, 99), "prompt": (str, None, None),
-          "forward": (str, None, None)}
+          "forward": (str, None, None), "weights": (str, None, None)}
 LOADED = "_classroom_loaded"
 
 REPEAT = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat.\n\nRepeat the text exactly."
@@ -92,6 +93,8 @@ def _parse(key: str, raw: str):
         raise ValueError(f"drafter={raw!r} is not one of {', '.join(drafters.NAMES)}")
     if key == "forward" and val not in FORWARDS:
         raise ValueError(f"forward={raw!r} is not one of {', '.join(FORWARDS)}")
+    if key == "weights" and val not in WEIGHTS:
+        raise ValueError(f"weights={raw!r} is not one of {', '.join(WEIGHTS)}")
     if key == "workload" and val != sidebar.CUSTOM and val not in sidebar.PRESETS:
         raise ValueError(f"workload={raw!r} is not a preset")
     return val
@@ -133,6 +136,8 @@ def to_query(state) -> dict[str, str]:
         out["presenter"] = "1"
     if state.get("forward", "ours") != "ours":   # the reference forward travels only when chosen
         out["forward"] = state["forward"]
+    if state.get("weights", "auto") != "auto":   # a weight format travels only when chosen
+        out["weights"] = state["weights"]
     return out
 
 

@@ -40,6 +40,8 @@ PAGES = (
     Page(ROOT / "pages" / "batch.py", "Batch size", ":material/stacks:", url_path="batch", section="Measure"),
     Page(ROOT / "pages" / "draft_length.py", "Draft length k", ":material/straighten:", url_path="draft-length",
          section="Measure"),
+    Page(ROOT / "pages" / "headroom.py", "Headroom: weight formats", ":material/memory:", url_path="headroom",
+         section="Measure"),
     Page(ROOT / "pages" / "contract.py", "Output contract", ":material/fact_check:", url_path="contract",
          section="Measure"),
 )

@@ -17,6 +17,7 @@ import torch
 from specdec_core import LM, IncompatibleModels, InputError, ModelError, SamplingParams, engine, load
 from specdec_core import drafters
 from specdec_core.bench import prefill_fit
+from specdec_core.bench import regime as formats
 from specdec_core.models import BUNDLED, FORWARDS as FORWARD_NAMES
 from specdec_core.drafters.suffix import SuffixIndex
 from specdec_core.metrics import RunMetrics, summarize
@@ -87,15 +88,90 @@ class Run:
 FORWARDS = dict(zip(FORWARD_NAMES, ("ours: batch-invariant", "transformers' (reference)")))   # models.FORWARDS, in words
 
 
-@st.cache_resource(show_spinner="Loading the model: once per server, about 20 seconds…", max_entries=4)
-def model(spec: str):
-    lm = load(spec)
+@st.cache_resource(show_spinner="Loading the model: once per server, about 20 seconds…", max_entries=6)
+def _model(spec: str, fmt: str | None):
+    lm = load(spec) if fmt is None else formats.load_format(fmt, spec)
     try:
         with turns.hold():   # the warm-up runs the model: in turn, like every run (and its CPU workers given back)
             engine.warm(lm)
     except Exception:   # noqa: BLE001 -- a model that cannot decode says so, in words, at its first run
         pass
     return lm
+
+
+def model(spec: str, fmt: str | None = None):
+    """`spec` loaded once per server and weight format (regime.FORMATS; None: models.load's own choice, which
+    for the bundled model is the format it names, so both share one copy)."""
+    return _model(spec, fmt or formats.default_format(spec))
+
+
+WEIGHTS = {formats.AUTO: "auto (measured)", **formats.FORMATS}   # the sidebar's switch: key -> words
+
+
+_DECIDED: dict = {}   # measured()'s answer once made in this server: the sidebar says it without causing a load
+
+
+@st.cache_resource(show_spinner=False)
+def available() -> list[str]:
+    """The weight formats this machine runs the bundled target in (regime.formats), asked once per server."""
+    return formats.formats()
+
+
+@st.cache_resource(show_spinner="Measuring each weight format's passes: once per server…")
+def measured() -> tuple[str, dict]:
+    """(the format regime.choose picks, each format's Cost): every format this machine runs, loaded and timed
+    once per server, in turn at the model (nothing else runs while it is timed)."""
+    with turns.hold():
+        _DECIDED["auto"] = out = formats.decide(lambda f: model(BUNDLED, f), available())
+    return out
+
+
+def measured_now() -> bool:
+    """Whether this server has measured the formats yet (asking in_use() before then loads every format)."""
+    return bool(_DECIDED)
+
+
+def say_weights(slot) -> None:
+    """The sidebar's weights line into `slot`: which format runs and why once measured; before that a line
+    saying when it will be, and the slot kept so that target() fills it in this same run once it has loaded."""
+    if measured_now() or (weights_choice() == formats.AUTO and formats.pinned()):
+        slot.caption(in_use()[1])
+        return
+    slot.caption("Weights: chosen when the model first loads, by timing a 1-token and an 8-token pass in each "
+                 "format this machine runs.")
+    st.session_state["_weights_slot"] = slot
+
+
+def _said() -> None:
+    slot = st.session_state.pop("_weights_slot", None)
+    if slot is not None:
+        try:
+            slot.caption(in_use()[1])
+        except Exception:   # noqa: BLE001 -- e.g. a fragment's rerun may not write outside it: the next run says it
+            pass
+
+
+def weights_choice() -> str:
+    """The weight format the sidebar asks for (auto unless switched)."""
+    w = st.session_state.get("weights", formats.AUTO)
+    return w if w in WEIGHTS else formats.AUTO
+
+
+def in_use() -> tuple[str, str]:
+    """(the format the target runs in for this session, one line saying which and why)."""
+    pick = weights_choice()
+    if pick == formats.AUTO and (pin := formats.pinned()):
+        return pin, f"Weights: {formats.FORMATS[pin]}, set on this server (SPECDEC_DTYPE)"
+    chosen, costs = measured()
+    if pick == formats.AUTO or pick not in costs:
+        line = "Weights: " + formats.reason(costs, chosen)
+        if pick != formats.AUTO:
+            line += f" ({WEIGHTS[pick]} does not run here)"
+        return chosen, line
+    line = f"Weights: {formats.reason(costs, pick)}; chosen in the sidebar"
+    if pick != chosen:
+        line += f" (auto would run {formats.FORMATS[chosen]})"
+    return pick, line
 
 
 def reference(lm: LM) -> LM:
@@ -108,11 +184,13 @@ def forward_choice() -> str:
 
 
 def target(forward: str | None = None):
-    """The bundled target, run by the forward chosen in the sidebar (or `forward`)."""
+    """The bundled target, in the weight format this session runs (in_use) and run by the forward chosen in the
+    sidebar (or `forward`)."""
     try:
-        lm = model(BUNDLED)
-    except ModelError as e:
+        lm = model(BUNDLED, in_use()[0])
+    except (ModelError, formats.FormatError) as e:
         raise UserError(f"The bundled model could not be loaded: {e}") from e
+    _said()
     return reference(lm) if (forward or forward_choice()) == "hf" else lm
 
 

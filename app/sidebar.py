@@ -11,6 +11,7 @@ from specdec_core.sampling import MAX_TEMPERATURE
 from specdec_core.bench.workloads import WORKLOADS
 
 from . import limits
+from . import runs
 from .runs import BUNDLED, FORWARDS, Settings
 
 CUSTOM = "custom"
@@ -34,7 +35,8 @@ def _ships() -> bool:
 # (the target drafting for itself accepts everything at T = 0 and is slower than plain decoding)
 DEFAULTS = dict(drafter="lookup", draft_model=drafters.DISTILLED if _ships() else BUNDLED, k=3, top_p=1.0, seed=0,
                 max_new_tokens=48,
-                workload=DEFAULT_WORKLOAD, example=0, forward="ours", k_policy="fixed", draft_sampling="sample")
+                workload=DEFAULT_WORKLOAD, example=0, forward="ours", k_policy="fixed", draft_sampling="sample",
+                weights="auto")
 K_POLICIES = {"fixed": "fixed k", "schedule": "schedule (adaptive)", "confidence": "stop when unsure"}
 DRAFTING = {"sample": "sampled", "greedy": "greedy"}
 
@@ -75,6 +77,9 @@ def clamp() -> list[str]:
         ss.drafter = DEFAULTS["drafter"]
     if not isinstance(ss.get("prompt"), str):
         ss.prompt, ss.workload = "", CUSTOM
+    if ss.get("weights") not in ("auto", *runs.available()):   # a link from a machine that runs other formats
+        said.append(f"weights {ss.get('weights')!r} do not run here: set to auto")
+        ss.weights = "auto"
     if not isinstance(ss.get("draft_model"), str):
         ss.draft_model = ""
     return said
@@ -186,6 +191,13 @@ def build() -> None:
                   "so greedy speculation gives exactly plain decoding's tokens. Transformers' forward (the "
                   "reference) rounds a many-token pass differently: on a near-tie its speculative output can "
                   "drift. The Output contract page shows both.")
+    sb.selectbox("Weights", ["auto", *runs.available()], key="weights", format_func=runs.WEIGHTS.get,
+                 help="The target's weight format. Auto: the one in which an 8-token verify pass costs at most "
+                      "1.35× one token's pass here, the quickest of those (measured when the model loads, never "
+                      "read from the CPU's name). Lighter weights make plain decoding faster and can spend the "
+                      "spare arithmetic speculation lives on: the Headroom page measures each. Every format "
+                      "keeps the output contract within itself.")
+    runs.say_weights(sb.empty())
 
 
 def current() -> Settings:

@@ -10,6 +10,7 @@ import streamlit as st
 from app import captions, nav, runs, sidebar, walk
 from app.captions import count
 from app.classroom import REPEAT
+from app.headroom import walkthrough_note
 from app.walk import FREE_UP_TO, TOKENS, chips, live, make, quiz, run_drafter, spread
 from specdec_core import drafters
 from specdec_core.bench import lesson, passes
@@ -234,6 +235,7 @@ and 5 (four drafts plus the bonus). On this CPU there is little idle arithmetic,
             + (f" **{noisy} of {len(r)} rows are noisy: rerun** (their pairs spread over "
                f"{NOISY:.0%}: the machine is busy)." if noisy else "")
             + ("" if grows else " **Here the ratio did not grow at every step: rerun on a quieter machine.**"))
+    walkthrough_note()
     quiz("batching", "A server runs saturated batches all day. What should it expect from speculative decoding?",
          ["A large throughput gain", "Little or even a loss: the idle compute is already used by the batch",
           "Different output text"], 1,

@@ -311,9 +311,10 @@ def local_dir(spec: str, timeout: float = 5.0) -> Path:
 
 
 def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: str | None = None,
-         forward: str = "ours") -> LM:
+         forward: str = "ours", q4_blocks: bool = True) -> LM:
     """Load `bundled`, a local directory, or a hub id (safetensors only, no remote code), with `forward`
-    ("ours" or "hf") running it."""
+    ("ours" or "hf") running it; the bundled model's layers read its file's 4-bit blocks where q4.kernel() runs
+    here, unless `q4_blocks` is False (its dense bf16 weights then, as with SPECDEC_Q4=0)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if forward not in FORWARDS:
         raise ModelError(f"unknown forward {forward!r}; use one of {', '.join(FORWARDS)}")
@@ -345,7 +346,7 @@ def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: st
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no details"
         raise ModelError(f"could not load model {spec!r}: {type(e).__name__}: {first}") from e
     model = model.to(dev).eval()
-    lm = attach_forward(LM(model, tok, name, dt, dev), forward, q4_from=bundled_gguf() if spec == BUNDLED else None)
+    lm = attach_forward(LM(model, tok, name, dt, dev), forward, q4_from=bundled_gguf() if spec == BUNDLED and q4_blocks else None)
     settle()
     return lm
 
