@@ -12,17 +12,18 @@ from app import measure, runs
 from specdec_core.bench import dashboard as scene
 
 KEY = "measure_dashboard"
-measure.settle(KEY, dash_windows=3, dash_per_window=2, dash_tokens=32, dash_repeats=2)
+measure.settle(KEY, dash_windows=3, dash_per_window=1, dash_tokens=32, dash_repeats=2)
 
 st.title("Acceptance dashboard: a template change, read the way the lesson reads it")
 st.markdown(
     "The lesson's advice to an operator: *make acceptance rate a first-class dashboard metric next to TTFT and "
     "TPOT — it explains speedup changes that would otherwise look like infrastructure noise, such as a "
     "prompt-template change quietly making your traffic less predictable.* This page replays that: the **same "
-    "requests** (the extraction workload's: quote, copy, repeat a text) are served in windows over time with "
-    f"**{scene.DRAFTER}** drafting, first with the template as shipped, then after a new system prompt that asks "
-    "for varied wording. Every window is measured live on this machine: plain decoding and speculative decoding "
-    "back to back per request, repeated in alternating order, the median pair's speedup quoted.")
+    "requests** (the extraction workload's that ask for a text verbatim: copy, repeat, extract) are served in "
+    f"windows over time with **{scene.DRAFTER}** drafting, first with the template as shipped, then after one "
+    "line is added to it asking for the answer in French (a product going international). Every window is measured live on this "
+    "machine: plain decoding and speculative decoding back to back per request, repeated in alternating order, "
+    "the median pair's speedup quoted.")
 
 c1, c2 = st.columns(2)
 with c1:
@@ -30,7 +31,7 @@ with c1:
     st.code(scene.BEFORE.user + "\n(system message: the chat template's own)", language=None, wrap_lines=True)
 with c2:
     st.markdown(f"**After** — {scene.AFTER.name}")
-    st.code(f"system: {scene.AFTER.system}\nuser: {scene.AFTER.user}", language=None, wrap_lines=True)
+    st.code(scene.AFTER.user + "\n(system message: the chat template's own)", language=None, wrap_lines=True)
 
 with st.expander("Scene size", icon=":material/tune:"):
     a, b, c, d = st.columns(4)
@@ -93,10 +94,10 @@ if before and after:
 st.markdown(
     "**How to read it.** Plain decoding's TPOT (the faint line) is the machine's own speed: where it stays flat "
     "while the speedup falls, the infrastructure did not change. Acceptance is what changed: the shipped "
-    "template's answers copy the request, which prompt lookup drafts for free; the new one asks for the model's "
-    "own words, so fewer guesses survive, fewer tokens come out of each verification pass (mean acceptance "
-    "length), and speculative TPOT rises toward plain decoding's. TTFT moves with the prompt's length (the new "
-    "system message is read at every request), for both sides alike. A dashboard that shows only speedup, TTFT "
+    "template's answers copy the request, which prompt lookup drafts for free; the new one asks for a "
+    "translation, which shares no spans with the request, so fewer guesses survive, fewer tokens come out of "
+    "each verification pass (mean acceptance length), and speculative TPOT rises toward plain decoding's. "
+    "TTFT moves with the prompt's length (the added line is read at every request), for both sides alike. A dashboard that shows only speedup, TTFT "
     "and TPOT would show a slowdown with no cause.")
 cols = ["window", "phase", "template", "acceptance_rate", "acceptance_lo", "acceptance_hi", "drafted",
         "mean_acceptance_length", "ttft_ms", "baseline_ttft_ms", "tpot_ms", "baseline_tpot_ms", "speedup",

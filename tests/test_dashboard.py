@@ -16,12 +16,13 @@ MAIN = str(ROOT / "app" / "main.py")
 TINY = dash.Scene(windows=1, per_window=2, tokens=16, repeats=1)
 
 
-def test_render_puts_the_new_system_message_in_front(bundled):
+def test_render_applies_each_template_through_the_chat_template(bundled):
     before = dash.render(bundled, dash.BEFORE, "Repeat: hello")
     after = dash.render(bundled, dash.AFTER, "Repeat: hello")
     assert before == bundled.encode("Repeat: hello").tolist()   # as shipped: the chat template's own prompt
-    assert dash.AFTER.system in bundled.tokenizer.decode(after)
-    assert bundled.tokenizer.decode(after).endswith(bundled.tokenizer.decode(before[-8:]))
+    assert after == bundled.encode("Repeat: hello\n\nAnswer in French.").tolist()
+    system = dash.render(bundled, dash.Template("s", system="Be brief."), "Repeat: hello")
+    assert "Be brief." in bundled.tokenizer.decode(system) and system != before
     with pytest.raises(ValueError, match="empty"):
         dash.render(bundled, dash.AFTER, "  ")
 

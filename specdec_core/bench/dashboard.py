@@ -9,9 +9,11 @@ drafter back to back per request, repeated in alternating order, the median pair
 so every speculative output is compared with plain decoding's token by token (`diff_tokens`). A window here is a
 dashboard's time bucket: its requests decode one at a time, as one engine serves one stream.
 
-The default scene uses prompt lookup (Saxena 2023) on the extraction prompts: asked to quote, the model copies spans
-of the request, which lookup drafts for free; a template that asks for the gist in a few words of the model's own
-leaves nothing to copy.
+The default scene uses prompt lookup (Saxena 2023) on the extraction requests that ask for a text verbatim: the model
+copies spans of the request, which lookup drafts for free. The change appends one line to the user turn, asking
+for the answer in French: a translation shares no spans with the request, so there is nothing left to copy. (The
+bundled 135M-parameter model ignores gentler changes: a system prompt asking it to use its own, varied words, or to
+explain before answering, leaves it copying, and acceptance does not fall.)
 """
 from __future__ import annotations
 
@@ -39,10 +41,11 @@ class Template:
 
 
 BEFORE = Template("as shipped: the request as it is")
-AFTER = Template("new: 'in your own words'", system="You are a friendly assistant. Never quote or copy the user's "
-                 "text: restate everything in your own, varied words.")
-# the traffic: the extraction workload's requests, which the model answers by copying the request
-REQUESTS = WORKLOADS["extraction"].prompts
+AFTER = Template("new: a line asking for French", user="{request}\n\nAnswer in French.")
+# the traffic: the extraction workload's requests that ask for the text verbatim (copy, repeat, extract), in the
+# order the windows take them
+VERBATIM = (0, 8, 5, 2, 6, 9)
+REQUESTS = tuple(WORKLOADS["extraction"].prompts[i] for i in VERBATIM)
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class Scene:
     """The scene's size. Windows hold `per_window` requests each, taken in turn from the traffic, so each phase
     serves the same requests in the same order."""
     windows: int = 3          # per phase
-    per_window: int = 2
+    per_window: int = 1
     tokens: int = 32
     k: int | None = 4
     repeats: int = 2          # timed pairs per request (the measuring rule; median quoted)
