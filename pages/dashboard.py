@@ -20,8 +20,9 @@ st.markdown(
     "TPOT — it explains speedup changes that would otherwise look like infrastructure noise, such as a "
     "prompt-template change quietly making your traffic less predictable.* This page replays that: the **same "
     "requests** (the extraction workload's that ask for a text verbatim: copy, repeat, extract) are served in "
-    f"windows over time with **{scene.DRAFTER}** drafting, first with the template as shipped, then after one "
-    "line is added to it asking for the answer in French (a product going international). Every window is measured live on this "
+    f"windows over time with **{scene.DRAFTER}** drafting, first with the template as shipped, then after "
+    "one line is added to it asking for the answer in French (a product going international). Every window is "
+    "measured live on this "
     "machine: plain decoding and speculative decoding back to back per request, repeated in alternating order, "
     "the median pair's speedup quoted.")
 
@@ -97,7 +98,8 @@ st.markdown(
     "template's answers copy the request, which prompt lookup drafts for free; the new one asks for a "
     "translation, which shares no spans with the request, so fewer guesses survive, fewer tokens come out of "
     "each verification pass (mean acceptance length), and speculative TPOT rises toward plain decoding's. "
-    "TTFT moves with the prompt's length (the added line is read at every request), for both sides alike. A dashboard that shows only speedup, TTFT "
+    "TTFT moves with the prompt's length (the added line is read at every request), for both sides alike. "
+    "A dashboard that shows only speedup, TTFT "
     "and TPOT would show a slowdown with no cause.")
 cols = ["window", "phase", "template", "acceptance_rate", "acceptance_lo", "acceptance_hi", "drafted",
         "mean_acceptance_length", "ttft_ms", "baseline_ttft_ms", "tpot_ms", "baseline_tpot_ms", "speedup",

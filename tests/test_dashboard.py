@@ -69,7 +69,8 @@ def test_the_reading_says_what_the_figures_support():
     lesson = dash.reading([row(1, "before", 80, 100, 1.6), row(2, "after", 20, 100, 0.9)])
     assert "1.60× to 0.90×" in lesson and "80% to 20%" in lesson and "not the infrastructure slower" in lesson
     slower = dash.reading([row(1, "before", 80, 100, 1.6), row(2, "after", 20, 100, 0.9, tpot=70.0)])
-    assert "machine's speed changed too" in slower and "not the infrastructure" not in slower
+    assert "TPOT swung too (40 → 70 ms" in slower and "not the infrastructure" not in slower
+    assert "the traffic became less predictable" in slower
     machine = dash.reading([row(1, "before", 50, 100, 1.6), row(2, "after", 49, 100, 1.0)])
     assert "does not explain this drop" in machine
     held = dash.reading([row(1, "before", 80, 100, 1.3), row(2, "after", 20, 100, 1.28)])
