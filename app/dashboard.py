@@ -28,10 +28,10 @@ def mark(fig: go.Figure, rows: list[dict], cols: int) -> None:
     x = change_at(rows)
     if x is None:
         return
-    for c in range(1, cols + 1):
-        fig.add_vline(x=x, line_dash="dash", line_color=CHANGE, line_width=2, row=1, col=c,
-                      annotation_text="template change" if c == 1 else None,
-                      annotation_position="top right", annotation_font_color=CHANGE)
+    for c in range(1, cols + 1):   # plotly labels a line given any annotation keyword: only the first gets them
+        label = dict(annotation_text="template change", annotation_position="top right",
+                     annotation_font_color=CHANGE) if c == 1 else {}
+        fig.add_vline(x=x, line_dash="dash", line_color=CHANGE, line_width=2, row=1, col=c, **label)
 
 
 def axes(fig: go.Figure, rows: list[dict], cols: int) -> None:

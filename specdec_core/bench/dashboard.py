@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
+from ..drafters import PLAIN, entry, make
+from ..engine import run
 from ..models import LM
 from ..sampling import InputError, SamplingParams
 from .sweeps import Tick, point, side_by_side, wilson
@@ -103,6 +105,9 @@ def serve(lm: LM, scene: Scene = Scene(), requests: tuple[str, ...] = REQUESTS, 
     if not requests:
         raise InputError("the traffic has no requests")
     sp = SamplingParams(0.0)
+    first = render(lm, before, requests[0])
+    for name in (PLAIN, scene.drafter):   # a first decode pays one-off costs that would tilt window 1's timing
+        run(lm, make(name, lm), first, sp=sp, k=entry(name).k(scene.k), max_new_tokens=2, detail=False)
     n = 0
     for phase, tpl in (("before", before), ("after", after)):
         for w in range(scene.windows):
