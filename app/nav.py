@@ -44,6 +44,8 @@ PAGES = (
          section="Measure"),
     Page(ROOT / "pages" / "contract.py", "Output contract", ":material/fact_check:", url_path="contract",
          section="Measure"),
+    Page(ROOT / "pages" / "dashboard.py", "Acceptance dashboard", ":material/monitoring:", url_path="dashboard",
+         section="Measure"),
 )
 
 
