@@ -27,11 +27,10 @@ def test_cpu_work_counts_the_threads_own_work_and_restores_the_threads():
     with clock.cpu_work(threads=1):
         with clock.cpu_work(threads=3):         # nested: the outer block's setting holds
             assert torch.get_num_threads() == 1
-        a = clock.now()
-        end = time.perf_counter() + 0.2
-        while time.perf_counter() < end:       # busy: this thread's own work
-            pass
-        assert clock.now() - a > 0.05
+        a, c = clock.now(), time.thread_time()
+        sum(i * i for i in range(2_000_000))   # this thread's own work
+        spent, cpu = clock.now() - a, time.thread_time() - c
+        assert spent > 0 and abs(spent - cpu) <= 0.1 * cpu
     assert not clock.measuring() and torch.get_num_threads() == before
 
 
@@ -61,3 +60,22 @@ def test_walkthrough_section_5_judges_with_the_workloads_pages_function(monkeypa
     for page in ("pages/workloads.py", "app/walk.py"):
         src = (root / page).read_text()
         assert "showcase.workload_rows(" in src and "lesson.check(" not in src and "benefit(" not in src
+
+
+def test_the_temperature_page_opens_on_the_measured_demo():
+    """The page's default drafter and prompts are bench.workloads.TEMPERATURE_DEMO's (a drafter that can run, a
+    workload of single requests), not a literal of the page's own."""
+    import ast
+    from pathlib import Path
+
+    from specdec_core import drafters
+    from specdec_core.bench.workloads import TEMPERATURE_DEMO, WORKLOADS
+    name, wl = TEMPERATURE_DEMO
+    assert name in drafters.SPECULATIVE and WORKLOADS[wl].batch_size == 1
+    src = (Path(__file__).resolve().parents[1] / "pages" / "temperature.py").read_text()
+    tree = ast.parse(src)
+    assert "DEMO_DRAFTER, DEMO_WORKLOAD = TEMPERATURE_DEMO" in src
+    calls = {ast.unparse(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert ast.unparse(calls["measure.pick_drafters"].args[1]) == "(DEMO_DRAFTER,)"
+    settle = {k.arg: ast.unparse(k.value) for k in calls["measure.settle"].keywords}
+    assert settle["temp_workload"] == "measure.workload_or_first(DEMO_WORKLOAD)"
