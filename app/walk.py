@@ -1,18 +1,28 @@
 """The walkthrough's pieces (pages/walkthrough.py): a live button per section whose result stays in the session,
-the check-yourself question (counted in the room: answers.py), the drafters as the app builds them, and the
-section tables laid out in words."""
+the check-yourself question (counted in the room: answers.py), the drafters as the app builds them, what each
+section's button measures, and the section tables laid out in words. Section 5 judges the workloads with the
+Workloads page's own function (bench.showcase.workload_rows), so the two pages cannot give two verdicts for one
+table."""
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from specdec_core import SamplingParams, drafters, engine
+from specdec_core import SamplingParams, clock, drafters, engine
+from specdec_core.bench import lesson, passes, showcase
+from specdec_core.bench.workloads import WORKLOADS
 
 from . import answers, runs, turns, view
+from .classroom import REPEAT
 
 TOKENS = 24  # the most any widget here decodes: seconds on a CPU
 FREE_UP_TO = 1.25   # a pass of 8 tokens at most this many times one still reads as "about the price of one"
 GREEDY = SamplingParams(temperature=0.0)
+# section 3: each variant on the workload whose first prompt it drafts best (greedy, 24 tokens; docs/measurements.md,
+# "Demos that land on their defaults")
+VARIANTS = {"lookup": ("extraction", "copying from the context"), "medusa": ("code", "code, where heads agree"),
+            "early-exit": ("json", "a JSON template, whose keys and braces the first layers already know")}
+JUDGED = [n for n, w in WORKLOADS.items() if w.batch_size == 1]   # section 5's rows; batching is section 6's
 
 
 def live(key: str, label: str, fn) -> object | None:
@@ -22,7 +32,7 @@ def live(key: str, label: str, fn) -> object | None:
         line = st.empty()   # the place in line while another session has the model
         with st.spinner("Running the real decoder…"):
             try:
-                with turns.hold(lambda place, eta: line.info(turns.message(place, eta) + "…")):
+                with turns.hold(lambda place, eta: line.info(turns.message(place, eta) + "…")), clock.cpu_work():
                     line.empty()
                     st.session_state[slot] = fn()
             except Exception as e:  # a message on the page, never a traceback
@@ -59,21 +69,58 @@ def chips(recs) -> None:
 def spread(r: dict, what: str) -> str:
     """How a paired figure was measured, and 'noisy: rerun' when its pairs spread too widely."""
     return (f"{what}: the median of {r['pairs']} back-to-back pairs (order alternating) through the forward this "
-            f"app runs ({runs.FORWARDS[runs.target().forward_name]}); the pairs ran from {r['ratio_min']:.2f}× to "
+            f"app runs ({runs.FORWARDS[runs.target().forward_name]}), each timed by {clock.RULE}; the pairs ran "
+            f"from {r['ratio_min']:.2f}× to "
             f"{r['ratio_max']:.2f}×" + (". **Noisy: rerun** (the machine is busy)." if r["noisy"] else "."))
 
 
+def idle() -> tuple:
+    """Section 1: one pass on 1 token against 8 (passes.token_cost), then 16 tokens plain and with lookup."""
+    tgt = runs.target()
+    cost = passes.token_cost(tgt, tgt.encode(REPEAT).tolist(), 1, 8)
+    _, _, plain = run_drafter(drafters.PLAIN, REPEAT, tokens=16)
+    _, recs, look = run_drafter("lookup", REPEAT, tokens=16)
+    return cost, plain, look, recs
+
+
+def two() -> dict:
+    """Section 2: the target's and the distilled draft's parameters, a drafted token's cost, and a refused pair."""
+    tgt = runs.target()
+    out = {"target": sum(p.numel() for p in tgt.model.parameters())}
+    try:
+        from specdec_core.drafters.distilled import load_draft
+        d = load_draft(tgt)
+        emb = d.model.get_input_embeddings().weight.numel()   # tied to the target's: count only what the draft adds
+        out["draft"] = sum(p.numel() for p in d.model.parameters()) - emb
+        out["time"] = passes.draft_cost(d, tgt, tgt.encode(REPEAT).tolist())
+    except Exception as e:  # noqa: BLE001 -- shown on the page in words
+        out["draft_error"] = runs.friendly(e)
+    out["refusal"] = lesson.refusal(tgt)
+    return out
+
+
+def exact() -> tuple:
+    a, _, _ = run_drafter(drafters.PLAIN, REPEAT)
+    b, recs, m = run_drafter("lookup", REPEAT)
+    return a, b, recs, m
+
+
+def workload_rows(tgt, prompts: int = 2, tokens: int = TOKENS) -> list[dict]:
+    """Section 5: the Workloads page's rows (showcase.workload_rows: each workload's own drafter at its own
+    temperature, speed by the measuring rule, the lesson's category judged by workloads.benefit) on fewer prompts
+    and tokens; the batch row is section 6's."""
+    return list(showcase.workload_rows(tgt, JUDGED, prompts, tokens, 4))
+
+
 def workload_table(r: list[dict]) -> pd.DataFrame:
-    """lesson.check's rows, in words: narrow columns, and the reason on each row (shown with st.table, which
-    wraps text)."""
+    """workload_rows' rows, in words: narrow columns, and the reason on each row that does not land (shown with
+    st.table, which wraps text)."""
     return pd.DataFrame([{
-        "Workload": x["workload"], "Lesson expects": x["expected"], "Drafter (T)": f"{x['drafter']} "
-        f"({x['temperature']:g})", "Acceptance (95% interval)": "not measured here" if x["acceptance"] is None
-        else f"{x['acceptance']:.0%} ({x['acceptance_lo']:.0%}–{x['acceptance_hi']:.0%})",
-        "Mean acceptance length": "" if x["mean acceptance length"] is None else f"{x['mean acceptance length']:.2f}",
-        "Agrees": {True: "yes", False: "no", None: "see section 6"}[x["agrees"]],
-        "Why": (f"{x['drafter']}: {x['why this drafter']}. " if x["agrees"] is not None else "")
-        + f"{x['note'][0].upper()}{x['note'][1:]}."}
+        "Workload": WORKLOADS[x["workload"]].label, "Lesson expects": x["expected"],
+        "Drafter (T)": f"{x['drafter']} ({x['temperature']:g})", "Acceptance": f"{x['acceptance_rate']:.0%}",
+        "Speedup (pairs' range)": f"{x['speedup']:.2f}× ({x['speedup_min']:.2f}–{x['speedup_max']:.2f})"
+        + (" noisy: rerun" if x["noisy"] else ""), "Measured": x["benefit"], "Lands": "yes" if x["lands"] else "no",
+        "Why": x["why"] or f"{x['drafter']}: {lesson.WHY_DRAFTER.get(x['drafter'], '')}."}
         for x in r]).set_index("Workload")
 
 

@@ -33,12 +33,12 @@ Attention-optimized Speculative Sampling", 2024), kept simple for teaching.
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
+from . import clock
 from .drafters import Drafter
 from .engine import check_prompt, check_run_args
 from .models import LM
@@ -103,7 +103,7 @@ def stream(target: LM, rows: list[Row], sp: SamplingParams, max_new_tokens: int,
     """The checked run of `decode_batch`, step by step: step.py's phases over the rows still decoding."""
     B = len(rows)
     kv = target.backend.rows(B, rows[0].drafter.reads_hidden)
-    t0 = time.perf_counter()
+    t0 = clock.now()
     prefill(rows, kv)
     for index in itertools.count():
         live = [r for r in rows if not r.stop]
@@ -113,7 +113,7 @@ def stream(target: LM, rows: list[Row], sp: SamplingParams, max_new_tokens: int,
             drafted[r.i], accepted[r.i], committed[r.i] = r.c.draft.numel(), r.c.v.n_accepted, r.new
         width, cached = kv.slots()
         done = all(r.stop for r in rows)
-        yield BatchStep(index, drafted, accepted, committed, len(live), time.perf_counter() - t0, index + 1,
+        yield BatchStep(index, drafted, accepted, committed, len(live), clock.now() - t0, index + 1,
                         width, cached, done=done)
         if done:
             return

@@ -15,12 +15,11 @@ before any work, and returns the stream of steps.
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Iterator
 
 import torch
 
-from . import pieces
+from . import clock, pieces
 from .backend import Single
 from .chain_step import Checked
 from .drafters import PLAIN, Drafter, Proposal, make
@@ -83,7 +82,7 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
 def stream(target: LM, row: Row, sp: SamplingParams, max_new_tokens: int, eos: set[int],
            show: "Show") -> Iterator[StepRecord]:
     """The checked run of `decode`, step by step: step.py's phases on a batch of one, in the target's cache."""
-    t0 = time.perf_counter()
+    t0 = clock.now()
     kv = Single(target, row.drafter.reads_hidden)
     prefill([row], kv)
     fwd_t = fwd_d = 0
@@ -131,7 +130,7 @@ class Show:
             text=self.tok.decode(generated, skip_special_tokens=True) if self.detail else "",
             cache_len=cache_len, target_forwards=fwd_t, draft_forwards=fwd_d,
             t_draft=t[1] - t[0], t_score=t[2] - t[1], t_verify=t[3] - t[2], t_commit=t[4] - t[3],
-            elapsed=time.perf_counter() - t0, info=dict(prop.info), done=bool(stop), stop_reason=stop,
+            elapsed=clock.now() - t0, info=dict(prop.info), done=bool(stop), stop_reason=stop,
             tree=self.tree(prop, c.walk) if c.walk is not None else None)
 
     def tree(self, prop: Proposal, w) -> TreeView:

@@ -17,12 +17,11 @@ what a row gets never depends on the others.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from . import chain_step, tree_step
+from . import chain_step, clock, tree_step
 from .backend import NOTHING, Slots
 from .chain_step import Checked
 from .drafters import DraftContext, Drafter, Proposal
@@ -74,26 +73,26 @@ def prefill(rows: list[Row], kv) -> None:
 def step(rows: list[Row], kv, sp, max_new_tokens: int, eos: set[int]) -> list[float]:
     """One step of every row in `rows` (those still decoding) -> the clock at the start and after each phase
     (propose, score, verify, commit and feedback)."""
-    t = [time.perf_counter()]
+    t = [clock.now()]
 
     # 1. propose: k from the row's policy, capped by the room left (the drawn token takes one)
     for r in rows:
         k = min(r.pol.next_k(len(rows)), max_new_tokens - r.generated - 1, MAX_K)
         r.ctx = DraftContext(r.tokens, r.prompt_len, k, sp, r.gen, r.pol.stop_below)
         r.prop = r.drafter.propose(r.ctx) if k > 0 else Proposal.empty()
-    t.append(time.perf_counter())
+    t.append(clock.now())
 
     # 2. score: every row's pending token and drafts in one target forward
     new = [NOTHING] * kv.B
     for r in rows:
         new[r.i] = Slots(*kind(r.prop).slots(r.tokens[-1], r.prop, r.ctx.k), r.prop.tree)
     out = kv.score(new)                                                         # per row (logits, hidden)
-    t.append(time.perf_counter())
+    t.append(clock.now())
 
     # 3. verify
     for r in rows:
         r.c = kind(r.prop).verify(out[r.i][0], new[r.i].ids, r.prop, sp, r.gen)
-    t.append(time.perf_counter())
+    t.append(clock.now())
 
     # 4. commit / rollback: the cache keeps the pending token and the accepted drafts, never a rejected one
     for r in rows:
@@ -110,7 +109,7 @@ def step(rows: list[Row], kv, sp, max_new_tokens: int, eos: set[int]) -> list[fl
         if r.c.draft.numel():
             r.drafter.feedback(r.ctx, r.c.v.n_accepted)
         r.pol.update(r.c.draft.numel(), r.c.v.n_accepted)
-    t.append(time.perf_counter())
+    t.append(clock.now())
     return t
 
 

@@ -287,7 +287,7 @@ def _said(at) -> str:
 
 def test_live_timings_and_verdicts_follow_the_measuring_rule(walk):
     """Section 1 and 6 time passes through the app's forward in repeated pairs, saying how and marking noise;
-    section 5 measures each workload with its own drafter and says per row whether it agrees; section 7's
+    section 5 judges each workload with the Workloads page's function and says per row whether it lands; section 7's
     verdict is per prompt and keeps speculation off where acceptance is low."""
     from specdec_core.bench import passes
     from specdec_core.bench.workloads import WORKLOADS
@@ -306,14 +306,16 @@ def test_live_timings_and_verdicts_follow_the_measuring_rule(walk):
     walk.button(key="wt_run_workloads").click().run()
     assert not walk.exception and not walk.error, walk.error
     rows = walk.session_state["wt_result_workloads"]
-    assert [r["drafter"] for r in rows] == [w.drafter for w in WORKLOADS.values()]
+    from specdec_core.bench.workloads import benefit
+    assert [r["workload"] for r in rows] == [n for n, w in WORKLOADS.items() if w.batch_size == 1]
+    assert [r["drafter"] for r in rows] == [WORKLOADS[r["workload"]].drafter for r in rows]
     table = walk.table[0].value
-    assert table.loc[WORKLOADS["batch"].label, "Agrees"] == "see section 6"
-    for r in rows:
-        shown = table.loc[r["workload"]]
-        assert shown["Drafter (T)"] == f"{r['drafter']} ({r['temperature']:g})" and r["note"][1:] in shown["Why"]
-        if r["agrees"] is False:                            # a disagreement says why, on its own row
-            assert "below the band" in r["note"] or "above the band" in r["note"] or "proposed nothing" in r["note"]
+    for r in rows:                                          # judged as the Workloads page judges: its speedup's band
+        shown = table.loc[WORKLOADS[r["workload"]].label]
+        assert r["benefit"] == benefit(r["speedup"]) and r["lands"] == WORKLOADS[r["workload"]].agrees(r["benefit"])
+        assert shown["Drafter (T)"] == f"{r['drafter']} ({r['temperature']:g})" and shown["Measured"] == r["benefit"]
+        assert shown["Lands"] == ("yes" if r["lands"] else "no") and (r["lands"] or r["why"] == shown["Why"])
+    assert f"{sum(r['lands'] for r in rows)} of {len(rows)} rows land" in _said(walk)
 
     walk.radio(key="wt_section").set_value("batching").run()
     walk.button(key="wt_run_batching").click().run()

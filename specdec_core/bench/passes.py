@@ -9,11 +9,11 @@ the pairs, and a pair spread over sweeps.NOISY of the median marks the figure "n
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Callable
 
 import torch
 
+from .. import clock
 from ..backend import Slots, chain_mask
 from ..models import LM
 from ..sampling import SamplingParams
@@ -32,10 +32,10 @@ def paired(small: Callable[[], object], big: Callable[[], object], reps: int = R
     fns = {"small": small, "big": big}
     for r, _, order in rounds(SamplingParams(0.0), reps + warm, ["small", "big"]):
         for side in order:
-            t = time.perf_counter()
+            t = clock.now()
             fns[side]()
             if r >= warm:
-                ms[side].append((time.perf_counter() - t) * 1e3)
+                ms[side].append((clock.now() - t) * 1e3)
     return _figures(ms)
 
 
@@ -85,14 +85,14 @@ def draft_cost(draft: LM, target: LM, context: list[int], reps: int = REPS, k: i
     d, t = one_pass(draft, context, 1), one_pass(target, context, 1)
     ms = {"small": [], "big": []}
     for r in range(reps + WARM):
-        a = time.perf_counter()
+        a = clock.now()
         t()
-        b = time.perf_counter()
+        b = clock.now()
         for _ in range(k):
             d()
         if r >= WARM:
             ms["big"].append((b - a) * 1e3)
-            ms["small"].append((time.perf_counter() - b) * 1e3 / k)
+            ms["small"].append((clock.now() - b) * 1e3 / k)
     return _figures(ms)
 
 

@@ -88,3 +88,9 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              "with other requests", 0.0, _load("chat") + _load("code"), batch_size=32, drafter="lookup",
              lands=("Low", "Negative")),
 ]}
+
+# The temperature page's opening demo (drafter, workload): chosen by measurement so that it starts where speculation
+# pays (T = 0, most guesses kept) and shows acceptance and speedup falling as T rises (docs/measurements.md, "Demos
+# that land on their defaults").
+TEMPERATURE_DEMO = ("eagle", "code")
+

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 import weakref
 from pathlib import Path
 
@@ -46,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import clock
 from ..policy import copy_budget, deeper_pays, tree_budget
 from ..tree import compile_tree, graft
 from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
@@ -230,7 +230,7 @@ class Eagle(Drafter):
         n = len(ctx.tokens) - 1
         if self.feat is None or self.f_len != n or ctx.k < 1 or n < 1:
             return Proposal.empty()
-        t0 = time.perf_counter()
+        t0 = clock.now()
         self._measure(n)
         depth, K = min(ctx.k, self.depth), self.topk
         kv = self.kv
@@ -246,7 +246,7 @@ class Eagle(Drafter):
         rank = list(range(K)) * (len(tok) // K)
         order = sorted(range(len(score)), key=score.__getitem__, reverse=True)     # stable, as drafted
         if self.draft_ms is None:                # this step's own clock
-            draft_ms = 1e3 * (time.perf_counter() - t0)
+            draft_ms = 1e3 * (clock.now() - t0)
         else:                                    # the fixed cost of the levels drafted (K nodes, then K * K a level)
             draft_ms = self.draft_ms * (1 + (len(tok) - K) // (K * K)) / self.depth
         prop = self._tree(parent, rank, tok, score, order, self._budget(score, order, draft_ms), ctx)
@@ -272,7 +272,7 @@ class Eagle(Drafter):
         parent, tok, score = [], [], []
         front, base = [-1], [0.0]                # the rows just run: their node indices and scores
         shape = ()                               # the tree so far: each level's rows of f (the parents expanded)
-        t1 = time.perf_counter()                 # when the level being timed began
+        t1 = clock.now()                 # when the level being timed began
         for d in range(1, depth + 1):
             first = len(tok)                     # node (row r, rank j) of this level: first + r K + j
             for r, (lps, ixs) in enumerate(zip(lp.tolist(), ix.tolist())):    # [m, K] each: top-K log q, ids
@@ -284,10 +284,10 @@ class Eagle(Drafter):
             lvl = score[first:]
             pick = sorted(range(len(lvl)), key=lvl.__getitem__, reverse=True)[:K]   # expand the likeliest K
             if self.sized and d > 1:                      # the level just run, timed (or pinned with draft_ms)
-                level_ms = 1e3 * (time.perf_counter() - t1) if self.draft_ms is None else self.draft_ms / self.depth
+                level_ms = 1e3 * (clock.now() - t1) if self.draft_ms is None else self.draft_ms / self.depth
                 if not deeper_pays(sum(math.exp(lvl[i]) for i in pick), level_ms, self.rate):
                     break                                 # the next level cannot pay for its time: stop here
-            t1 = time.perf_counter()
+            t1 = clock.now()
             shape += (tuple(i // K for i in pick),)                                     # rows of f (parents)
             rows, bias = self._level(shape)
             front, base = [first + i for i in pick], [lvl[i] for i in pick]
@@ -353,10 +353,10 @@ class Eagle(Drafter):
             for r in range(reps + 1):
                 self.begin([])
                 self.observe(feats, context)
-                t = time.perf_counter()
+                t = clock.now()
                 self.propose(ctx)
                 if r:                                  # the first draft warms the shapes up
-                    ms.append(1e3 * (time.perf_counter() - t))
+                    ms.append(1e3 * (clock.now() - t))
             self.begin([])
             self.rate = None
             got[key] = statistics.median(ms)
