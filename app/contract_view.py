@@ -26,6 +26,19 @@ def greedy_figure(rows: list[dict]) -> go.Figure:
     return measure.layout(fig, 320, barmode="stack", title="Tokens identical to plain decoding, per prompt")
 
 
+def forward_row(prompt: str, d, probe: int | None, names: dict[str, str], tick=None) -> dict:
+    """One row of the forwards' table from bench.contract.forward_check's (prompt, drift, probe); `names` are the
+    forwards' display names; `tick(what)` for the progress bar."""
+    if tick:
+        tick(f"{prompt}, {names[d.forward]}")
+    return {"Prompt": prompt, "Forward": names[d.forward], "Identical": d.identical,
+            "First difference at token": d.position,
+            "Tokens there (plain / spec)": f"{show(d.plain_token)} / {show(d.spec_token)}" if d.position
+            is not None else "",
+            "Top-2 logit gap": d.top_gap if probe is not None else None,
+            "1-token vs (k+1)-token logit difference": d.scoring_diff if probe is not None else None}
+
+
 def diff_html(tgt, plain: list[int], spec: list[int], j: int | None) -> str:
     dec = tgt.tokenizer.decode
     if j is None:

@@ -1,12 +1,12 @@
 """Batch size: baseline and speculative throughput and the speedup against batch size (sweeps.sweep_batch over
 batch.py's ragged batched decoding), showing where speculation stops paying. The lesson's point: batching is
 another way to use the idle compute of decode, and at high load usually the better one."""
-import pandas as pd
-import plotly.graph_objects as go
-import streamlit as st
-from plotly.subplots import make_subplots
+from functools import partial
 
-from app import limits, measure, sidebar
+import pandas as pd
+import streamlit as st
+
+from app import charts, limits, measure, sidebar
 from specdec_core.bench import sweeps
 from specdec_core.bench.workloads import WORKLOADS
 
@@ -44,33 +44,7 @@ go_clicked = st.button("Sweep the batch size", type="primary", key="bs_go", icon
 st.caption(f"Sidebar settings used: k = {s.k}, temperature {s.temperature:g}, seed {s.seed}.")
 
 
-def figure(rows: list[dict]) -> go.Figure:
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["throughput (tokens/s, all requests)", "speedup (×)"],
-                        horizontal_spacing=0.08)
-    base = {}
-    for r in rows:   # plain decoding is measured beside each drafter: show the mean per batch size
-        base.setdefault(r["batch_size"], []).append(r["baseline_tokens_per_s"])
-    xs = sorted(base)
-    fig.add_scatter(x=xs, y=[sum(base[b]) / len(base[b]) for b in xs], name="plain (none)", mode="lines+markers",
-                    line=dict(color=measure.BASE_COLOR, width=3, dash="dash"), marker=dict(size=10), row=1, col=1)
-    for d in dict.fromkeys(r["drafter"] for r in rows):
-        rs = [r for r in rows if r["drafter"] == d]
-        c = measure.color(d)
-        fig.add_scatter(x=[r["batch_size"] for r in rs], y=[r["tokens_per_s"] for r in rs], name=d,
-                        legendgroup=d, mode="lines+markers", line=dict(color=c, width=3), marker=dict(size=10),
-                        row=1, col=1)
-        fig.add_scatter(x=[r["batch_size"] for r in rs], y=[r["speedup"] for r in rs], name=d, legendgroup=d,
-                        showlegend=False, mode="lines+markers+text", line=dict(color=c, width=3),
-                        marker=dict(size=10), text=[f"{r['speedup']:.2f}×" for r in rs],
-                        textposition="top center", row=1, col=2, error_y=measure.speed_error(rs))
-        measure.noisy_marks(fig, rs, "batch_size", row=1, col=2)
-    # the line is named on its axis, not beside it, where a point's own label near 1× would land on it
-    fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c", row=1, col=2)
-    fig.update_yaxes(title="speedup (dashed: break-even, 1×)", row=1, col=2)
-    fig.update_xaxes(title="batch size (requests decoded together)", type="log", tickvals=SIZES,
-                     ticktext=[str(b) for b in SIZES])
-    fig.update_yaxes(rangemode="tozero")
-    return measure.layout(fig, 470, below=True)
+figure = partial(charts.batch_figure, sizes=SIZES)
 
 
 def points(tgt, specs, live):

@@ -2,16 +2,12 @@
 set, diffed token by token; and at temperature > 0, the first tokens sampled many times with and without
 speculation, compared as histograms (total variation distance, chi-square two-sample test). The rule is exact
 (Leviathan et al. 2023, Thm 3.5; Chen et al. 2023): any difference beyond chance is an implementation bug."""
-import dataclasses
-
 import pandas as pd
 import streamlit as st
 
 from app import limits, measure, runs, sidebar
-from app.contract_view import SHOWN, diff_html, greedy_figure, hist_figure
-from app.view import show
-from specdec_core import SamplingParams, drafters, engine
-from specdec_core.bench import contract, invariance
+from app.contract_view import SHOWN, diff_html, forward_row, greedy_figure, hist_figure
+from specdec_core.bench import contract
 from specdec_core.bench.workloads import WORKLOADS
 
 KEY_G, KEY_S, KEY_F = "measure_contract_greedy", "measure_contract_sampled", "measure_contract_forwards"
@@ -56,35 +52,16 @@ g_clicked = st.button("Run the greedy check", type="primary", key="ct_greedy_go"
                       disabled=not names)
 
 
-def greedy_rows(tgt, specs, live):
-    sp = SamplingParams(0.0, 0, 1.0, s.seed)
-    ids = measure.encode(tgt, [t for _, t in PROMPTS[:n_prompts]])
-    none = drafters.make(drafters.PLAIN, tgt)
-    for (pname, _), prompt in zip(PROMPTS, ids):
-        plain, _, _ = engine.run(tgt, none, prompt, sp=sp, max_new_tokens=max_new, detail=False)
-        live.tick(f"{pname}, plain")
-        for n, lm in specs:
-            spec, _, _ = engine.run(tgt, drafters.make(n, tgt, lm), prompt, sp=sp, k=s.k, max_new_tokens=max_new,
-                                    detail=False)
-            live.tick(f"{pname}, {n}")
-            j = invariance.first_difference(plain, spec)
-            row = {"Prompt": pname, "Drafter": measure.label(n, s), "Tokens plain": len(plain),
-                   "Tokens spec": len(spec), "Identical": j is None, "First difference at token": j,
-                   "p(plain token)": None, "p(spec token)": None,
-                   "plain": plain, "spec": spec}
-            if j is not None and j < min(len(plain), len(spec)):
-                row["p(plain token)"], row["p(spec token)"] = contract.near_tie(tgt, prompt, plain[:j], plain[j],
-                                                                                spec[j])
-            yield row
-
-
 if g_clicked:
     res = measure.begin(KEY_G, g_params)
     try:
         tgt = runs.target()
         specs = measure.runnable(res, names, s, tgt)
+        prompts = list(zip([n for n, _ in PROMPTS], measure.encode(tgt, [t for _, t in PROMPTS[:n_prompts]])))
         live = measure.Live(KEY_G, n_prompts * (1 + len(specs)), "Decoding")
-        measure.collect(res, greedy_rows(tgt, specs, live), live, greedy_figure)
+        rows = contract.greedy_check(tgt, specs, prompts, s.k, max_new, s.seed, lambda n: measure.label(n, s),
+                                     live.tick)
+        measure.collect(res, rows, live, greedy_figure)
     except runs.UserError as e:
         res.status, res.error = "failed", str(e)
 elif (problem := runs.warm()) is not None:
@@ -126,19 +103,10 @@ f_clicked = st.button("Compare the two forwards", type="primary", key="ct_forwar
 
 
 def forward_rows(live):
-    ours, ref = runs.target("ours"), runs.target("hf")
-    for (pname, _), prompt in zip(PROMPTS, measure.encode(ours, [t for _, t in PROMPTS[:f_prompts]])):
-        probe = None
-        for lm in (ref, ours):   # the reference first: ours is probed where it drifted
-            d = invariance.compare(lm, lambda lm=lm: drafters.make("lookup", lm), prompt, s.k, f_new, probe)
-            live.tick(f"{pname}, {runs.FORWARDS[d.forward]}")
-            probe = d.position if probe is None else probe
-            yield {"Prompt": pname, "Forward": runs.FORWARDS[d.forward], "Identical": d.identical,
-                   "First difference at token": d.position,
-                   "Tokens there (plain / spec)": f"{show(d.plain_token)} / {show(d.spec_token)}" if d.position
-                   is not None else "",
-                   "Top-2 logit gap": d.top_gap if probe is not None else None,
-                   "1-token vs (k+1)-token logit difference": d.scoring_diff if probe is not None else None}
+    ours, ref = runs.target("ours"), runs.target("hf")   # loaded inside the measurement: failures become a message
+    prompts = list(zip([n for n, _ in PROMPTS], measure.encode(ours, [t for _, t in PROMPTS[:f_prompts]])))
+    for p, d, probe in contract.forward_check(ref, ours, prompts, s.k, f_new):
+        yield forward_row(p, d, probe, runs.FORWARDS, live.tick)
 
 
 if f_clicked:
@@ -186,44 +154,22 @@ s_clicked = st.button("Sample and compare", type="primary", key="ct_sample_go", 
                       disabled=not names)
 
 
-def sample_all(tgt, specs, live, res):
-    prompt = measure.encode(tgt, [PROMPTS[pi][1]])[0]
-    counts, stats = {}, {}
-    sp = measure.sampling(temp, s)
-    for side, (n, lm) in enumerate([(drafters.PLAIN, None)] + specs):
-        name = measure.label(n, s)
-
-        def tick(i, so_far):
-            counts[name] = so_far
-            live.tick(name)
-            if (i + 1) % max(1, n_samples // 5) == 0:
-                live.draw(hist_figure(tgt, counts))
-        seeded = dataclasses.replace(sp, seed=s.seed + side * n_samples)   # disjoint seeds: independent sides
-        counts[name], checked, accepted = contract.sample_first(tgt, drafters.make(n, tgt, lm), prompt, seeded,
-                                                                n_samples, span, drafters.entry(n).k(s.k), tick)
-        stats[name] = {"checked": checked, "accepted": accepted}
-    res.extra["counts"] = counts
-    top = sorted({t for c in counts.values() for t in c}, key=lambda t: -sum(c.get(t, 0) for c in counts.values()))
-    res.extra["ref"] = contract.exact(tgt, prompt, top[:SHOWN], dataclasses.replace(sp, seed=0))
-    for name in list(counts)[1:]:
-        cmp = contract.two_sample(counts[drafters.PLAIN], counts[name], s.seed)
-        yield {"Drafter": name, "Runs per side": n_samples, "Temperature": temp, "Tokens compared": span,
-               "Drafts checked in the span": stats[name]["checked"],
-               "Drafts accepted in the span": stats[name]["accepted"],
-               "Distinct outcomes": len(set(counts[drafters.PLAIN]) | set(counts[name])),
-               "Total variation": cmp["tv"], "TV by chance (median)": cmp["tv_chance_median"],
-               "TV by chance (95%)": cmp["tv_chance_95"], "Chi-square": cmp["chi2"], "Bins": cmp["bins"],
-               "p-value": cmp["p_value"]}
-
-
 if s_clicked:
     res = measure.begin(KEY_S, s_params)
     try:
         tgt = runs.target()
         specs = measure.runnable(res, names, s, tgt)
-        measure.sampling(temp, s)
+        sp = measure.sampling(temp, s)
+        prompt = measure.encode(tgt, [PROMPTS[pi][1]])[0]
         live = measure.Live(KEY_S, n_samples * (1 + len(specs)), "Sampling")
-        measure.collect(res, sample_all(tgt, specs, live, res), live)
+
+        def tick(name, i, counts):
+            live.tick(name)
+            if (i + 1) % max(1, n_samples // 5) == 0:
+                live.draw(hist_figure(tgt, counts))
+        rows = contract.sampled_check(tgt, specs, prompt, sp, n_samples, span, s.k, SHOWN,
+                                      lambda n: measure.label(n, s), tick, res.extra)
+        measure.collect(res, rows, live)
     except runs.UserError as e:
         res.status, res.error = "failed", str(e)
 

@@ -2,14 +2,14 @@
 (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), drawn from the measured acceptance rate alpha and the measured cost
 ratio c (draft time per drafted token over one plain target forward, from the StepRecords' timings); and the
 acceptance at each draft position, which the formula assumes is the same everywhere."""
-import pandas as pd
-import plotly.graph_objects as go
-import streamlit as st
-from plotly.subplots import make_subplots
+from functools import partial
 
-from app import captions, limits, measure, sidebar
+import pandas as pd
+import streamlit as st
+
+from app import captions, charts, limits, measure, sidebar
 from specdec_core.bench import sweeps
-from specdec_core.bench.theory import expected_speedup, expected_tokens_per_step, theory
+from specdec_core.bench.theory import expected_speedup, theory
 from specdec_core.bench.workloads import WORKLOADS
 
 KEY = "measure_k"
@@ -66,58 +66,7 @@ def fixed(rows: list[dict]) -> list[dict]:
     return [r for r in rows if "k_policy" not in r]
 
 
-def figure(rows: list[dict]) -> go.Figure:
-    adaptive, rows = [r for r in rows if "k_policy" in r], fixed(rows)
-    if not rows:
-        return measure.layout(go.Figure(), 480)
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07,
-                        subplot_titles=["speedup (×): measured vs predicted", "mean acceptance length",
-                                        "acceptance at each draft position"])
-    th = theory(rows)
-    kmax = max(max(ks, default=1), max(r["k"] for r in rows))
-    grid = list(range(0, kmax + 1))
-    for d, t in th.items():
-        rs = [r for r in rows if r["drafter"] == d]
-        c = measure.color(d)
-        fig.add_scatter(x=grid, y=[expected_speedup(t["alpha"], k, t["c"]) for k in grid], mode="lines",
-                        line=dict(color=c, width=2, dash="dot"), name=f"{d}: predicted (α={t['alpha']:.2f}, "
-                        f"c={t['c']:.3f})", legendgroup=d, row=1, col=1)
-        fig.add_scatter(x=[r["k"] for r in rs], y=[r["speedup"] for r in rs], mode="markers",
-                        marker=dict(color=c, size=12), name=f"{d}: measured", legendgroup=d, row=1, col=1,
-                        error_y=measure.speed_error(rs))
-        measure.noisy_marks(fig, rs, "k", row=1, col=1)
-        fig.add_scatter(x=grid, y=[expected_tokens_per_step(t["alpha"], k) for k in grid], mode="lines",
-                        line=dict(color=c, width=2, dash="dot"), showlegend=False, legendgroup=d, row=1, col=2)
-        fig.add_scatter(x=[r["k"] for r in rs], y=[r["mean_acceptance_length"] for r in rs], mode="markers",
-                        marker=dict(color=c, size=12), showlegend=False, legendgroup=d, row=1, col=2)
-        n = max(len(r["per_position_tried"]) for r in rs)
-        tried, ok = [0] * n, [0.0] * n
-        for r in rs:
-            for i, (a, m) in enumerate(zip(r["per_position_acceptance"], r["per_position_tried"])):
-                tried[i] += m
-                ok[i] += a * m
-        pos = [i for i in range(n) if tried[i]]
-        fig.add_bar(x=[i + 1 for i in pos], y=[ok[i] / tried[i] for i in pos], marker_color=c, name=d,
-                    showlegend=False, legendgroup=d, customdata=[tried[i] for i in pos],
-                    hovertemplate="position %{x}: %{y:.0%} of %{customdata} drafts kept<extra>" + d + "</extra>",
-                    row=1, col=3)
-        fig.add_scatter(x=[i + 1 for i in pos], y=[t["alpha"] ** (i + 1) for i in pos], mode="lines+markers",
-                        line=dict(color=c, dash="dot"), showlegend=False, legendgroup=d,
-                        hovertemplate="α^%{x} = %{y:.0%}<extra>" + d + ": predicted</extra>", row=1, col=3)
-    fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c", row=1, col=1)
-    fig.update_xaxes(title="k (tokens drafted per step)", dtick=1, row=1, col=1)
-    fig.update_xaxes(title="k", dtick=1, row=1, col=2)
-    fig.update_xaxes(title="draft position (1 = first guess)", dtick=1, row=1, col=3)
-    fig.update_yaxes(rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(rangemode="tozero", row=1, col=2)
-    for r in adaptive:   # a policy has no single k: a level line across the fixed-k points
-        fig.add_scatter(x=[grid[0], grid[-1]], y=[r["speedup"]] * 2, mode="lines+text", row=1, col=1,
-                        line=dict(color=measure.color(r["drafter"]), width=2,
-                                  dash="dash" if r["k_policy"] == "schedule" else "dashdot"),
-                        text=["", f"{r['k_policy']} {r['speedup']:.2f}×"], textposition="top left",
-                        name=f"{r['drafter']}: {r['k_policy']} (adaptive)", legendgroup=r["drafter"])
-    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=3)
-    return measure.layout(fig, 480, below=True, barmode="group")
+figure = partial(charts.draft_length_figure, ks=ks)
 
 
 def points(tgt, specs, live):

@@ -1,12 +1,12 @@
 """All drafters, one prompt: every drafter that can run here decodes the sidebar's prompt beside plain decoding,
 with its acceptance, tokens per step, where a step's time went (the draft's ms, the verify pass's ms, against a
 plain step's) and the speedup by the measuring rule; the recorded reference run drawn faintly beside it."""
-import pandas as pd
-import plotly.graph_objects as go
-import streamlit as st
-from plotly.subplots import make_subplots
+from functools import partial
 
-from app import measure, sidebar
+import pandas as pd
+import streamlit as st
+
+from app import charts, measure, sidebar
 from specdec_core.bench import reference, showcase, sweeps
 from specdec_core.drafters import PLAIN
 
@@ -33,33 +33,7 @@ REF = reference.rows_by(ref, "drafters", "drafter")
 SAME_PROMPT = bool(ref) and ref["drafters"].get("prompt") == s.prompt
 
 
-def figure(rows: list[dict]) -> go.Figure:
-    rows = [r for r in rows if r["drafter"] != PLAIN]
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=["speedup (× plain tokens/s)", "ms per step: where the time went"])
-    names = [r["drafter"] for r in rows]
-    if REF:
-        rr = [REF[n] for n in names if n in REF]
-        fig.add_bar(x=[r["drafter"] for r in rr], y=[r["speedup"] for r in rr], name=reference.label(ref),
-                    marker=dict(color="rgba(96,125,139,0.22)", line=dict(color="rgba(96,125,139,0.6)", width=1)),
-                    row=1, col=1)
-    fig.add_bar(x=names, y=[r["speedup"] for r in rows], name="measured now", row=1, col=1,
-                marker_color=[measure.color(n) for n in names], error_y=measure.speed_error(rows),
-                text=[f"{r['speedup']:.2f}×" + (" noisy" if r["noisy"] else "") for r in rows],
-                textposition="outside", cliponaxis=False, constraintext="none")
-    fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c", row=1, col=1)
-    base = [0.0] * len(rows)
-    for key, lab, col in (("draft_ms", "draft", "#ef6c00"), ("score_ms", "verify pass", "#1565c0"),
-                          ("other_ms", "verify rule, commit, loop", "#b0bec5")):
-        ys = [r[key] for r in rows]   # stacked by hand: the left panel's bars are grouped
-        fig.add_bar(x=names, y=ys, base=base, name=lab, marker_color=col, offsetgroup="ms", row=1, col=2,
-                    hovertemplate="%{x}: %{y:.1f} ms<extra>" + lab + "</extra>")
-        base = [b + y for b, y in zip(base, ys)]
-    if rows:
-        fig.add_hline(y=rows[0]["plain_step_ms"], line_dash="dot", line_color="#37474f", row=1, col=2,
-                      annotation_text=f"plain step {rows[0]['plain_step_ms']:.1f} ms", annotation_position="top left")
-    fig.update_yaxes(rangemode="tozero")
-    return measure.layout(fig, 440, below=True, barmode="group")
+figure = partial(charts.drafters_figure, ref=ref)
 
 
 def tidy(r: dict) -> dict:

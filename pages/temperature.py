@@ -2,11 +2,9 @@
 each point drawn as soon as it is measured (sweeps.sweep_temperature). Hot sampling flattens p, so a draft
 matches what the target would sample less often (the lesson's "high-temperature creative writing" row)."""
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
-from plotly.subplots import make_subplots
 
-from app import captions, limits, measure, sidebar
+from app import captions, charts, limits, measure, sidebar
 from specdec_core import drafters
 from specdec_core.bench import sweeps
 from specdec_core.bench.workloads import TEMPERATURE_DEMO, WORKLOADS
@@ -15,8 +13,6 @@ KEY = "measure_temperature"
 DRAFTING = {"sample": "sampled", "greedy": "greedy", "both": "both, side by side"}
 MODEL_DRAFTS = drafters.MODEL_DRAFTS   # a drafting mode (greedy or sampled guesses) applies to these
 TEMPS = [0.0, 0.25, 0.5, 0.6, 0.75, 1.0, 1.2, 1.25, 1.5]
-PANELS = [("acceptance_rate", "acceptance rate", ".0%"), ("mean_acceptance_length", "mean acceptance length", ".2f"),
-          ("speedup", "speedup (×)", ".2f")]
 DEMO_DRAFTER, DEMO_WORKLOAD = TEMPERATURE_DEMO   # where speculation pays at T = 0 (bench/workloads.py)
 measure.settle(KEY, temp_workload=measure.workload_or_first(DEMO_WORKLOAD), temp_prompts=3, temp_max_new=32,
                temp_drafting="sample")
@@ -59,26 +55,7 @@ go_clicked = st.button("Sweep the temperature", type="primary", key="temp_go", i
 st.caption(f"Sidebar settings used: k = {s.k}, top-p {s.top_p:g}, seed {s.seed}.")
 
 
-def figure(rows: list[dict]) -> go.Figure:
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in PANELS], horizontal_spacing=0.07)
-    for d in dict.fromkeys(r["drafter"] for r in rows):
-        rs = [r for r in rows if r["drafter"] == d]
-        bars = {"acceptance_rate": measure.acceptance_error(rs), "speedup": measure.speed_error(rs)}
-        for j, (col, _, fmt) in enumerate(PANELS, 1):
-            fig.add_scatter(x=[r["temperature"] for r in rs], y=[r[col] for r in rs], name=d, legendgroup=d,
-                            showlegend=j == 1, mode="lines+markers", marker=dict(size=10), error_y=bars.get(col),
-                            line=dict(color=measure.color(d), width=3, dash="dot" if "greedy" in d else None),
-                            row=1, col=j,
-                            customdata=[r.get("drafted", 0) for r in rs],
-                            hovertemplate=f"T=%{{x:g}}: %{{y:{fmt}}} (%{{customdata}} drafted)<extra>{d}</extra>")
-        measure.noisy_marks(fig, rs, "temperature", row=1, col=3)
-    fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c", row=1, col=3)
-    fig.add_hline(y=1.0, line_dash="dot", line_color="#90a4ae", row=1, col=2)
-    fig.update_xaxes(title="temperature", range=[-0.08, 1.58])
-    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=1)
-    fig.update_yaxes(rangemode="tozero", row=1, col=2)
-    fig.update_yaxes(rangemode="tozero", row=1, col=3)
-    return measure.layout(fig, 470, below=True)
+figure = charts.temperature_figure
 
 
 def points(tgt, specs, live):

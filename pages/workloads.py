@@ -2,12 +2,12 @@
 benefit beside the measured one (the operator's checklist: acceptance rate, TTFT, TPOT, throughput, speedup).
 The batch-serving row decodes one large batch through batch.py; the others decode prompt by prompt."""
 from dataclasses import replace
+from functools import partial
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
-from app import limits, measure, sidebar
+from app import charts, limits, measure, sidebar
 from specdec_core.bench import reference, showcase, sweeps
 from specdec_core.bench.workloads import WORKLOADS
 from specdec_core.drafters import entry
@@ -70,35 +70,7 @@ st.caption(f"Sidebar settings used: k = {s.k}, top-p {s.top_p:g}, seed {s.seed}.
            "workload's own (in the table); the sidebar's temperature is not used here.")
 
 
-def figure(rows: list[dict]) -> go.Figure:
-    fig = go.Figure()
-    refs = reference.rows_by(ref, "workloads", "workload")
-    if refs:   # the recorded run, faint, first so the live bars draw over the same slots
-        rr = [refs[n] for n in which if n in refs]
-        fig.add_bar(x=[r["workload"] for r in rr], y=[r["speedup"] for r in rr], name=reference.label(ref),
-                    marker=dict(color="rgba(96,125,139,0.22)", line=dict(color="rgba(96,125,139,0.6)", width=1)),
-                    text=[f"{r['speedup']:.2f}×" for r in rr], textposition="outside", textfont=dict(color="#90a4ae"),
-                    customdata=[r["drafter"] for r in rr], cliponaxis=False,
-                    hovertemplate="%{x} with %{customdata}: %{y:.2f}×<extra>reference</extra>")
-    names = dict.fromkeys(r["Drafter"] for r in rows)
-    groups = [rows] if own else [[r for r in rows if r["Drafter"] == d] for d in names]
-    for rs in groups:   # each workload's own drafter: one bar per workload, coloured by its drafter
-        fig.add_bar(x=[r["name"] for r in rs], y=[r["Speedup"] for r in rs],
-                    name="measured now, each workload's own drafter" if own else rs[0]["Drafter"],
-                    marker_color=[measure.color(r["Drafter"]) for r in rs], cliponaxis=False,
-                    text=[f"{r['Speedup']:.2f}×" + (" noisy: rerun" if r["Noisy"] else "") for r in rs],
-                    # a label just above a bar near 1× would sit on the dashed line: inside the bar there
-                    textposition=["inside" if 0.8 < r["Speedup"] < 1.2 else "outside" for r in rs],
-                    insidetextanchor="end", constraintext="none",
-                    error_y=measure.speed_error([r["point"] for r in rs]),
-                    customdata=[[r["Drafter"], r["Acceptance rate"]] for r in rs],
-                    hovertemplate="%{x} with %{customdata[0]}: %{y:.2f}×, acceptance %{customdata[1]:.0%}"
-                                  "<extra></extra>")
-    fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c")
-    fig.update_xaxes(categoryorder="array", categoryarray=which, tickvals=which,
-                     ticktext=[f"<b>{n}</b><br>lesson: {WORKLOADS[n].expected}" for n in which])
-    fig.update_yaxes(title="speedup (× plain tokens/s)", rangemode="tozero")
-    return measure.layout(fig, 460, barmode="group", title="Measured speedup per workload")
+figure = partial(charts.workloads_figure, ref=ref, which=which, own=own)
 
 
 def row(r: dict) -> dict:

@@ -1,6 +1,7 @@
-"""The house plan holds: rooms import only downwards, no module circle, no private name crosses a module, only
-the backend module tells the two model backends apart, and docs/architecture.md's diagram is the import graph
-as it stands. `python tests/test_architecture.py` prints
+"""The house plan holds: rooms import only downwards, no module circle (nor, inside specdec_core, one closed by an
+import inside a function), no private name crosses a module, only the backend module tells the two model backends
+apart, pages only lay out (no page over 250 lines, no plotly figure built in a page, no decoding loop driven from
+a page), and docs/architecture.md's diagram is the import graph as it stands. `python tests/test_architecture.py` prints
 the diagram's block from the code."""
 from __future__ import annotations
 
@@ -119,6 +120,140 @@ def test_no_module_circle():
     for m in edges:
         if not state.get(m):
             visit(m, [m])
+
+
+def circle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import circle in `edges` (module -> the modules it imports), as the path round it; None if none."""
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for n in sorted(edges.get(m, ())):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if not state.get(n) and (found := visit(n, stack + [n])):
+                return found
+        state[m] = 2
+        return None
+
+    for m in sorted(edges):
+        if not state.get(m) and (found := visit(m, [m])):
+            return found
+    return None
+
+
+def core_edges(g) -> dict[str, set[str]]:
+    """specdec_core's imports, those inside functions included: a lazy import still ties the two modules together
+    (neither can be read, moved or tested without the other). A package building its own submodules on demand
+    (`drafters.make` importing `drafters.eagle` inside a function) is the one exception: those submodules take the
+    package's protocol, and the package is their factory, not a client."""
+    return {a: {b for b, _, top in deps if b != a and b.startswith("specdec_core")
+                and (top or not (b.startswith(a + ".") and ROOT.joinpath(*a.split("."), "__init__.py").exists()))}
+            for a, deps in g.items() if a.startswith("specdec_core")}
+
+
+def test_no_import_circle_inside_the_engine():
+    """No circle through specdec_core's modules, counting imports inside functions (drafters/distilled.py and
+    drafters/registry.py once imported each other that way)."""
+    _, g = graph()
+    found = circle(core_edges(g))
+    assert found is None, f"import circle: {' -> '.join(found)}"
+
+
+def test_the_circle_check_sees_a_lazy_circle():
+    assert circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert circle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    # a lazy import closing a circle counts; a package's lazy import of its own submodule does not
+    g = {"specdec_core.drafters.registry": [("specdec_core.drafters.distilled", ["shipped_draft"], False)],
+         "specdec_core.drafters.distilled": [("specdec_core.drafters.registry", ["load_weights"], True)],
+         "specdec_core.drafters": [("specdec_core.drafters.eagle", ["Eagle"], False)],
+         "specdec_core.drafters.eagle": [("specdec_core.drafters", ["Drafter"], True)]}
+    assert circle(core_edges(g)) == ["specdec_core.drafters.distilled", "specdec_core.drafters.registry",
+                                     "specdec_core.drafters.distilled"]
+
+
+# -- pages lay out (README, Layout: "pages/ one file per page, layout only") ----------------------------------------
+
+PAGE_LINES = 250
+PAGES = sorted((ROOT / "pages").glob("*.py"))
+# the decoding loops and the experiments' inner loops: a page asks bench/ or serving/ for the experiment instead
+LOOPS = {"specdec_core.engine": {"decode", "run", "stream"}, "specdec_core.batch": {"decode_batch", "run_batch", "stream"},
+         "specdec_core.step": {"step", "prefill"}, "specdec_core.serving.peer": {"measure", "llama_decode"}}
+FIGURE_CALLS = {"Figure", "make_subplots", "add_trace", "add_bar", "add_scatter", "add_hline", "add_vline",
+                "add_annotation", "add_shape", "update_layout", "update_xaxes", "update_yaxes", "update_traces"}
+
+
+def names_used(source: str) -> list[tuple[int, str]]:
+    """(line, dotted name) of every name a module uses, its imports resolved: after `from specdec_core import
+    engine`, `engine.run` is specdec_core.engine.run; after `from specdec_core.engine import run as r`, `r` is."""
+    tree = ast.parse(source)
+    alias = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            alias |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            alias |= {a.asname: a.name for a in node.names if a.asname}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) or (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)):
+            parts, n = [], node
+            while isinstance(n, ast.Attribute):
+                parts.append(n.attr)
+                n = n.value
+            if isinstance(n, ast.Name):
+                parts.append(n.id)
+                parts.reverse()
+                out.append((node.lineno, ".".join([alias.get(parts[0], parts[0])] + parts[1:])))
+    return sorted(set(out))
+
+
+def loop_calls(source: str) -> list[str]:
+    return [f"line {line}: {name}" for line, name in names_used(source)
+            if "." in name and name.rsplit(".", 1)[1] in LOOPS.get(name.rsplit(".", 1)[0], ())]
+
+
+def figure_building(source: str) -> list[str]:
+    """Where `source` builds a plotly figure: imports plotly, or calls a figure's constructor or builder methods."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "plotly" for a in node.names):
+            out.append(f"line {node.lineno}: import plotly")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "plotly":
+            out.append(f"line {node.lineno}: from {node.module} import")
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in FIGURE_CALLS:
+                out.append(f"line {node.lineno}: {ast.unparse(f)}(...)")
+    return sorted(out, key=lambda h: int(h.split(":")[0].split()[1]))
+
+
+def test_no_page_is_over_250_lines():
+    long = {p.name: n for p in PAGES if (n := len(p.read_text().splitlines())) > PAGE_LINES}
+    assert not long, f"pages over {PAGE_LINES} lines (move what is not layout to app/ or specdec_core/): {long}"
+
+
+def test_pages_build_no_figure():
+    """Every chart is built in app/ (a function per chart); a page only hands it rows and shows it."""
+    bad = {p.name: hits for p in PAGES if (hits := figure_building(p.read_text()))}
+    assert not bad, f"plotly figures built in pages (build them in app/): {bad}"
+
+
+def test_pages_drive_no_decoding_loop():
+    """A page asks specdec_core.bench or serving for an experiment; it never decodes in a loop of its own."""
+    bad = {p.name: hits for p in PAGES if (hits := loop_calls(p.read_text()))}
+    assert not bad, f"pages calling a decoding loop (move the experiment to bench/ or serving/): {bad}"
+
+
+def test_the_page_checks_see_each_form():
+    src = ("from specdec_core import engine\nfrom specdec_core.batch import run_batch as rb\n"
+           "import specdec_core.serving.peer as peer\nimport specdec_core.step\n"
+           "engine.run(a, b)\nx = rb\npeer.measure(t)\nspecdec_core.step.step(r)\n"
+           "engine.warm(t)\nmeasure.measure(k)\nrun(x)\n")
+    assert [h.split(":")[0] for h in loop_calls(src)] == ["line 5", "line 6", "line 7", "line 8"]
+    src = ("import plotly.graph_objects as go\nfrom plotly.subplots import make_subplots\nfig = go.Figure()\n"
+           "fig.add_bar(x=[1])\nst.plotly_chart(charts.figure(rows))\n")
+    assert [h.split(":")[0] for h in figure_building(src)] == ["line 1", "line 2", "line 3", "line 4"]
 
 
 def test_no_private_name_crosses_a_module():

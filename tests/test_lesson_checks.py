@@ -229,3 +229,50 @@ def test_checklist_keeps_speculation_off_where_acceptance_is_low():
     assert list(table["speculation"]) == ["rerun", "off"] and "mean acceptance length" in table
     with pytest.raises(ValueError, match="at least one prompt"):
         checklist.run(lm, lambda: None, [], 4, 8)
+
+
+# -- the Output contract's three checks, as the page runs them ------------------------------------------------------
+
+def test_greedy_check_diffs_each_prompt_plain_and_speculative(tiny):
+    prompts = [("a", [1, 2, 3, 1, 2, 3, 1, 2]), ("b", [4, 5, 6, 4, 5])]
+    ticks = []
+    rows = list(contract.greedy_check(tiny, [("lookup", None)], prompts, 3, 10, 0, lambda n: n.upper(), ticks.append))
+    assert ticks == ["a, plain", "a, lookup", "b, plain", "b, lookup"]
+    assert [(r["Prompt"], r["Drafter"]) for r in rows] == [("a", "LOOKUP"), ("b", "LOOKUP")]
+    for r, (_, prompt) in zip(rows, prompts):
+        plain = engine.run(tiny, drafters.make("none", tiny), prompt, sp=SamplingParams(0.0, 0, 1.0, 0),
+                           max_new_tokens=10, detail=False)[0]
+        assert r["plain"] == plain and r["Tokens plain"] == len(plain)
+        # greedy speculation gives plain decoding's tokens: no difference, so no near-tie probe
+        assert r["spec"] == plain and r["Identical"] and r["First difference at token"] is None
+        assert r["p(plain token)"] is None and r["p(spec token)"] is None
+
+
+def test_forward_check_probes_ours_where_the_reference_drifted():
+    ref, ours = tiny_lm(1), tiny_lm(1, forward="ours")
+    prompts = [("a", [1, 2, 3, 1, 2, 3, 1, 2])]
+    got = list(contract.forward_check(ref, ours, prompts, 3, 8))
+    assert [(p, d.forward) for p, d, _ in got] == [("a", "hf"), ("a", "ours")]   # the reference first
+    (_, d_ref, probe_ref), (_, d_ours, probe_ours) = got
+    assert d_ours.identical                      # ours is batch-invariant: the contract holds bit for bit
+    assert probe_ref == probe_ours == d_ref.position
+
+
+def test_sampled_check_counts_each_side_and_compares_them(tiny):
+    prompt, runs, shown = [1, 2, 3, 1, 2, 3, 1, 2], 40, 5
+    sp = SamplingParams(1.0, seed=3)
+    ticks, out = [], {}
+    rows = list(contract.sampled_check(tiny, [("lookup", None)], prompt, sp, runs, 2, 3, shown,
+                                       tick=lambda name, i, counts: ticks.append((name, i, sum(counts[name].values()))),
+                                       out=out))
+    assert ticks == [(n, i, i + 1) for n in ("none", "lookup") for i in range(runs)]
+    assert set(out["counts"]) == {"none", "lookup"} and all(sum(c.values()) == runs for c in out["counts"].values())
+    assert all(len(t) == 2 for c in out["counts"].values() for t in c)
+    # each side on its own seeds: plain decoding's side is sample_first from sp.seed, the drafter's from seed + runs
+    plain, _, _ = contract.sample_first(tiny, drafters.make("none", tiny), prompt, sp, runs, 2, 0)
+    assert out["counts"]["none"] == plain
+    assert len(out["ref"]) == min(shown, len(set(out["counts"]["none"]) | set(out["counts"]["lookup"])))
+    (r,) = rows
+    cmp = contract.two_sample(out["counts"]["none"], out["counts"]["lookup"], sp.seed)
+    assert r["Drafter"] == "lookup" and r["Runs per side"] == runs and r["Total variation"] == cmp["tv"]
+    assert r["p-value"] == cmp["p_value"] and r["Drafts checked in the span"] >= r["Drafts accepted in the span"]

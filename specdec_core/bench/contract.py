@@ -1,24 +1,29 @@
 """The output contract, measured: speculation never changes what the target would produce.
 
-Greedy: speculative and plain tokens are diffed (invariance.py); where they part, `near_tie` gives the target's
-probabilities of the two competing tokens, which says whether rounding could have flipped them. Sampled: the first
-tokens of many runs with and without speculation (`sample_first`) are compared as histograms by total variation
-and a chi-square two-sample test (`two_sample`), beside the target's own exact probability of each outcome
-(`exact`). The rule is exact (Leviathan et al. 2023, Thm 3.5; Chen et al. 2023): a difference beyond chance is an
-implementation bug.
+Greedy (`greedy_check`): speculative and plain tokens are diffed (invariance.py); where they part, `near_tie`
+gives the target's probabilities of the two competing tokens, which says whether rounding could have flipped them.
+The forwards (`forward_check`): the same diff on transformers' forward and ours, probing how far a position's
+logits move between one-token and (k + 1)-token scoring. Sampled (`sampled_check`): the first tokens of many runs
+with and without speculation (`sample_first`) are compared as histograms by total variation and a chi-square
+two-sample test (`two_sample`), beside the target's own exact probability of each outcome (`exact`). The Output
+contract page lays these out (greedy and sampled take a `tick` called after every run, for its progress bar; the
+forwards yield after every run). The rule is exact (Leviathan et al. 2023, Thm 3.5; Chen et al. 2023): a
+difference beyond chance is an implementation bug.
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 from scipy.stats import chi2_contingency
 
-from ..engine import decode
+from .. import drafters
+from ..engine import decode, run
 from ..models import LM
 from ..sampling import SamplingParams, probs
+from . import invariance
 
 NEAR_TIE = 0.1    # a probability gap that bf16 rounding of a many-token pass can plausibly flip
 MIN_EXPECTED = 5  # chi-square's rule of thumb: every expected count at least this
@@ -157,3 +162,77 @@ def sampled_summary(r: dict) -> str:
     return said + (f"Chi-square test: p = **{pv:.3f}**. A difference this large would appear by chance less than 5% "
                    "of the time if both came from the same distribution: either a real difference or a 1-in-20 "
                    "fluke. Rerun with another seed or more runs before concluding.")
+
+
+def greedy_check(lm: LM, specs: list[tuple[str, object]], prompts: list[tuple[str, list[int]]], k: int,
+                 max_new_tokens: int, seed: int, label: Callable[[str], str] = str,
+                 tick: Callable[[str], None] | None = None) -> Iterator[dict]:
+    """Each prompt (name, ids) decoded greedily plain and with each drafter in `specs` ((name, draft LM or None)):
+    one row per drafter and prompt, with the first difference and, where the texts part, the target's
+    probabilities of the two competing tokens. `label(name)` is the drafter as the rows name it; `tick(what)`
+    after every run."""
+    sp = SamplingParams(0.0, 0, 1.0, seed)
+    none = drafters.make(drafters.PLAIN, lm)
+    for pname, prompt in prompts:
+        plain, _, _ = run(lm, none, prompt, sp=sp, max_new_tokens=max_new_tokens, detail=False)
+        if tick:
+            tick(f"{pname}, plain")
+        for n, dlm in specs:
+            spec, _, _ = run(lm, drafters.make(n, lm, dlm), prompt, sp=sp, k=k, max_new_tokens=max_new_tokens,
+                             detail=False)
+            if tick:
+                tick(f"{pname}, {n}")
+            j = invariance.first_difference(plain, spec)
+            row = {"Prompt": pname, "Drafter": label(n), "Tokens plain": len(plain), "Tokens spec": len(spec),
+                   "Identical": j is None, "First difference at token": j, "p(plain token)": None,
+                   "p(spec token)": None, "plain": plain, "spec": spec}
+            if j is not None and j < min(len(plain), len(spec)):
+                row["p(plain token)"], row["p(spec token)"] = near_tie(lm, prompt, plain[:j], plain[j], spec[j])
+            yield row
+
+
+def forward_check(reference: LM, ours: LM, prompts: list[tuple[str, list[int]]], k: int,
+                  max_new_tokens: int) -> Iterator[tuple[str, invariance.Drift, int | None]]:
+    """Prompt lookup greedy on and off, per prompt on the reference forward and then ours, one yield after each
+    forward: (prompt name, the drift, the probed position). Ours is probed where the reference drifted."""
+    for pname, prompt in prompts:
+        probe = None
+        for lm in (reference, ours):   # the reference first: ours is probed where it drifted
+            d = invariance.compare(lm, lambda lm=lm: drafters.make("lookup", lm), prompt, k, max_new_tokens, probe)
+            probe = d.position if probe is None else probe
+            yield pname, d, probe
+
+
+def sampled_check(lm: LM, specs: list[tuple[str, object]], prompt: list[int], sp: SamplingParams, runs: int,
+                  span: int, k: int, shown: int, label: Callable[[str], str] = str,
+                  tick: Callable[[str, int, dict], None] | None = None, out: dict | None = None) -> Iterator[dict]:
+    """`runs` sampled runs per side (plain decoding, then each drafter in `specs`, on disjoint seeds from
+    sp.seed), their first `span` tokens counted; one row per drafter compared with plain decoding (`two_sample`).
+    `out` receives "counts" (side label -> outcome -> count) and "ref" (the target's exact probability of the
+    `shown` most frequent outcomes); `tick(side label, run index, counts so far)` after every run."""
+    counts, stats = {}, {}
+    for side, (n, dlm) in enumerate([(drafters.PLAIN, None)] + specs):
+        name = label(n)
+
+        def on_run(i, so_far, name=name):
+            counts[name] = so_far
+            if tick:
+                tick(name, i, counts)
+        seeded = replace(sp, seed=sp.seed + side * runs)   # disjoint seeds: independent sides
+        counts[name], checked, accepted = sample_first(lm, drafters.make(n, lm, dlm), prompt, seeded, runs, span,
+                                                       drafters.entry(n).k(k), on_run)
+        stats[name] = {"checked": checked, "accepted": accepted}
+    top = sorted({t for c in counts.values() for t in c}, key=lambda t: -sum(c.get(t, 0) for c in counts.values()))
+    ref = exact(lm, prompt, top[:shown], replace(sp, seed=0))
+    if out is not None:
+        out["counts"], out["ref"] = counts, ref
+    plain = counts[label(drafters.PLAIN)]
+    for name in list(counts)[1:]:
+        cmp = two_sample(plain, counts[name], sp.seed)
+        yield {"Drafter": name, "Runs per side": runs, "Temperature": sp.temperature, "Tokens compared": span,
+               "Drafts checked in the span": stats[name]["checked"],
+               "Drafts accepted in the span": stats[name]["accepted"],
+               "Distinct outcomes": len(set(plain) | set(counts[name])),
+               "Total variation": cmp["tv"], "TV by chance (median)": cmp["tv_chance_median"],
+               "TV by chance (95%)": cmp["tv_chance_95"], "Chi-square": cmp["chi2"], "Bins": cmp["bins"],
+               "p-value": cmp["p_value"]}

@@ -15,7 +15,7 @@ import torch
 
 from ..sampling import SamplingParams
 from .registry import (BUNDLED, DESCRIPTIONS, DISTILLED, MODEL_DRAFTS, NAMES, PLAIN, SHIPPED, SPECULATIVE, TRAINED,
-                       DrafterUnavailable, Entry, entry, load_weights, manifest, resolve_draft, runs_on, trained_for,
+                       DrafterUnavailable, Entry, entry, load_weights, manifest, runs_on, trained_for,
                        target_record, untrained, weights_for)
 
 
@@ -79,7 +79,7 @@ class Drafter(Protocol):
 
 
 def make(name: str, target, draft_lm=None, **kw) -> Drafter:
-    """Build a drafter by name for `target` (an LM). `draft_lm` is the draft model for `draft` (registry.draft_model
+    """Build a drafter by name for `target` (an LM). `draft_lm` is the draft model for `draft` (resolve_draft
     resolves a spec to one); without it, `draft` runs the draft trained for this target, if one ships."""
     e = entry(name)
     if e.draft_model and draft_lm is None and not weights_for(name, target):
@@ -87,6 +87,27 @@ def make(name: str, target, draft_lm=None, **kw) -> Drafter:
                                  "(a hub id or local directory with the target's vocabulary); "
                                  "no trained draft ships for this target yet")
     return _BUILD[name](target, draft_lm, **kw)
+
+
+def resolve_draft(spec: str | None, target, load=None, target_spec: str = BUNDLED):
+    """A draft-model spec -> the draft LM for drafter `draft`: the spec the target was loaded from (`bundled`
+    unless said) is the target itself, drafting for itself; "distilled" the draft trained for it
+    (DrafterUnavailable if none was); anything else a local directory or hub id read by `load` (models.load by
+    default; the app passes its cached loader, the CLI its dtype and device). Empty -> DrafterUnavailable."""
+    spec = (spec or "").strip()
+    if not spec:
+        raise DrafterUnavailable("the draft model is empty: give `bundled` (the target drafts for itself), "
+                                 "`distilled` (the small draft trained for it), a local model directory or a hub id")
+    if spec == target_spec:
+        return target
+    if spec == DISTILLED:
+        if not weights_for("draft", target):
+            raise untrained("draft", target)
+        from .distilled import shipped_draft
+        return shipped_draft(target)
+    if load is None:
+        from ..models import load
+    return load(spec)
 
 
 def _draft(target, draft_lm, **kw):

@@ -4,8 +4,8 @@ An `Entry` says what a drafter does (its description, default k, whether it repo
 deterministically, whether it reads the target's hidden states, whether it proposes a tree), what it needs
 (trained weights, a separate draft model) and, through `weights_for`, whether the weights it needs were trained
 for a given target: decided by the target recorded in the weights' manifest (`weights/<stem>.manifest.json`),
-never by a model's display name. `resolve_draft` resolves a draft-model spec ("bundled", "distilled", a local
-directory or hub id) in one place. Plain decoding is the entry whose default k is 0: it drafts nothing, so
+never by a model's display name. It imports no drafter (the package's `make` and `resolve_draft` build them),
+so the drafters may import it. Plain decoding is the entry whose default k is 0: it drafts nothing, so
 callers ask `entry(name).k(k)` rather than compare names.
 """
 from __future__ import annotations
@@ -140,24 +140,3 @@ def load_weights(path: Path, kind: str) -> tuple[dict, dict, dict]:
         meta = f.metadata() or {}
         sd = {k: f.get_tensor(k) for k in f.keys()}
     return sd, meta, manifest(path.name.removesuffix(".safetensors"), path.parent)
-
-
-def resolve_draft(spec: str | None, target, load=None, target_spec: str = BUNDLED):
-    """A draft-model spec -> the draft LM for drafter `draft`: the spec the target was loaded from (`bundled`
-    unless said) is the target itself, drafting for itself; "distilled" the draft trained for it
-    (DrafterUnavailable if none was); anything else a local directory or hub id read by `load` (models.load by
-    default; the app passes its cached loader, the CLI its dtype and device). Empty -> DrafterUnavailable."""
-    spec = (spec or "").strip()
-    if not spec:
-        raise DrafterUnavailable("the draft model is empty: give `bundled` (the target drafts for itself), "
-                                 "`distilled` (the small draft trained for it), a local model directory or a hub id")
-    if spec == target_spec:
-        return target
-    if spec == DISTILLED:
-        if not weights_for("draft", target):
-            raise untrained("draft", target)
-        from .distilled import shipped_draft
-        return shipped_draft(target)
-    if load is None:
-        from ..models import load
-    return load(spec)
