@@ -6,7 +6,6 @@ import dataclasses
 
 import pandas as pd
 import streamlit as st
-import torch
 
 from app import runs, sidebar, traffic_view, turns
 from specdec_core import drafters
@@ -118,16 +117,14 @@ else:
         bar = st.progress(0.0, text="Loading llama.cpp…")
         try:
             tgt = runs.target()
-            ids = tgt.encode(s.prompt).tolist()
             total, done_n = 4 * sweeps.REPEATS, []
 
             def tick(what):
                 done_n.append(what)
                 bar.progress(len(done_n) / total, text=what)
-            threads = torch.get_num_threads()
             with turns.hold(turns.shown(bar)):   # the machine's cores, one session's measurement at a time
-                pr = peer.measure(tgt, [ids], max(1, int(s.k)), int(p_tok), threads, sweeps.REPEATS, tick)
-            st.session_state.peer_result = (s.prompt, pr.k, threads, peer.summary(pr))
+                k, threads, rows = peer.compare(tgt, s.prompt, s.k, p_tok, sweeps.REPEATS, tick)
+            st.session_state.peer_result = (s.prompt, k, threads, rows)
         except Exception as e:  # every failure is a message, never a traceback
             st.error(runs.friendly(e))
         bar.empty()

@@ -239,7 +239,7 @@ def _check_early(args) -> SamplingParams:
 
 def _make(args, name: str, target, draft_lm=None):
     """A drafter by name, with the command line's drafter options."""
-    return make(name, target, draft_lm, **({"clock": True} if name == "eagle" and args.eagle_clock else {}))
+    return make(name, target, draft_lm, clock=args.eagle_clock)
 
 
 def cmd_generate(args) -> int:

@@ -78,7 +78,7 @@ class Drafter(Protocol):
         pass
 
 
-def make(name: str, target, draft_lm=None, **kw) -> Drafter:
+def make(name: str, target, draft_lm=None, *, clock: bool = False, **kw) -> Drafter:
     """Build a drafter by name for `target` (an LM). `draft_lm` is the draft model for `draft` (resolve_draft
     resolves a spec to one); without it, `draft` runs the draft trained for this target, if one ships."""
     e = entry(name)
@@ -86,6 +86,8 @@ def make(name: str, target, draft_lm=None, **kw) -> Drafter:
         raise DrafterUnavailable(f"drafter {name!r} needs a draft model: pass --draft-model SPEC "
                                  "(a hub id or local directory with the target's vocabulary); "
                                  "no trained draft ships for this target yet")
+    if clock and name == "eagle":   # the one drafter that sizes its trees by cost: by each step's own clock
+        kw["clock"] = True
     return _BUILD[name](target, draft_lm, **kw)
 
 

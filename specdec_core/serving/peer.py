@@ -216,6 +216,16 @@ def _extra(pr: PeerRun, name: str, ours_plain: list, peer_plain: list, spec: lis
             "speedup_vs_peer_plain_max": over_peer["speedup_max"]}
 
 
+def compare(target: LM, text: str, k: int, max_new: int, repeats: int | None = None,
+            tick: Callable[[str], None] | None = None) -> tuple[int, int, list[dict]]:
+    """Road to production's comparison: one prompt (`text`, through the chat template) decoded by both engines,
+    plain and with prompt lookup, on as many threads as ours runs -> (k used, threads, summary rows)."""
+    import torch
+    threads = torch.get_num_threads()
+    pr = measure(target, [target.encode(text).tolist()], max(1, int(k)), int(max_new), threads, repeats, tick)
+    return pr.k, threads, summary(pr)
+
+
 def summary(pr: PeerRun) -> list[dict]:
     """One row per engine over all prompts: each repeat's total tokens over total seconds, plain and
     speculative, paired by repeat (the measuring rule); how many prompts kept the plain text exactly."""
