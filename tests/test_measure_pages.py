@@ -12,7 +12,7 @@ from app import measure
 from specdec_core.bench import reference
 from specdec_core.bench.contract import two_sample
 from specdec_core.bench.theory import expected_speedup
-from specdec_core.bench.workloads import WORKLOADS
+from specdec_core.bench.workloads import TEMPERATURE_DEMO, WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / "app" / "main.py")
@@ -65,8 +65,9 @@ def test_each_measure_page_renders_and_waits_for_its_button():
         assert not at.button(key=button).disabled
         if page == "workloads":                             # each workload with its own drafter by default
             assert at.toggle(key="wl_own").value and "extraction → `lookup`" in text(at)
-        elif page == "temperature":                        # the drafter that shows the effect best
-            assert at.multiselect[0].value == ["medusa"] and at.selectbox(key="temp_workload").value == "creative"
+        elif page == "temperature":                        # where speculation pays at T = 0, to fall from there
+            assert (at.multiselect[0].value == [TEMPERATURE_DEMO[0]]
+                    and at.selectbox(key="temp_workload").value == TEMPERATURE_DEMO[1] == "code")
         elif page == "draft_length":                       # a drafter whose cost gives a best k inside the range
             assert at.multiselect[0].value == ["draft"] and at.selectbox(key="k_workload").value == "code"
         elif page != "drafters":

@@ -125,8 +125,8 @@ def test_the_cpp_eagle_level_is_the_scripted_one(either, faithful, monkeypatch):
             got.append([t.clone() for t in out])
             return out
         monkeypatch.setattr(ep, "rows", lambda level=level: level)
-        d = make_drafter("eagle", either)
-        d.sized = False                    # trees sized by measured times would differ between the two runs
+        # unsized: trees sized by measured times would differ between the two runs (and sizing times drafts at once)
+        d = make_drafter("eagle", either, sized=False)
         ids, _, _ = run(either, d, prompt, max_new_tokens=32)
         seen.append((ids, got))
     (ia, a), (ib, b) = seen

@@ -145,7 +145,7 @@ def test_sidebar_says_which_weights_run_and_why_and_the_link_carries_a_switch(on
     other = next(f for f in costs if f != chosen)
     at.selectbox(key="weights").set_value(other).run()
     assert not at.exception, at.exception
-    assert at.query_params["weights"] == [other]
+    assert at.query_params["weights"] == other
     assert f"Weights: {reason(costs, other)}; chosen in the sidebar" in _captions(at)
 
 
