@@ -335,6 +335,8 @@ def test_an_int8_draft_network_is_batch_invariant_without_padding(bundled):
     if not int8_ok(torch.device("cpu"), torch.bfloat16):
         pytest.skip("this build of torch has no CPU int8 weight product")
     assert not int8_ok(torch.device("cpu"), torch.float32) and Dense(torch.randn(8, 32), int8=True).s is None
+    if bundled.dtype != torch.bfloat16:
+        pytest.skip("the target runs in fp32 on this CPU, where int8 products are never taken (asserted above)")
     full = Forward.from_model(bundled.model, int8=True)
     f = full.derive(full.blocks[:2], full.norm, full.head)                 # two layers: a draft-sized network
     assert f.pad == 1 and f._w is not None and all(b.qkv.packed.dtype == torch.int8 for b in f.blocks)
