@@ -122,7 +122,8 @@ def measured() -> tuple[str, dict]:
     """(the format regime.choose picks, each format's Cost): every format this machine runs, loaded and timed
     once per server, in turn at the model (nothing else runs while it is timed)."""
     with turns.hold():
-        _DECIDED["auto"] = out = formats.decide(lambda f: model(BUNDLED, f), available())
+        _DECIDED["auto"] = out = formats.decide(lambda f: model(BUNDLED, f), available(),
+                                                default=formats.default_format())
     return out
 
 
@@ -164,7 +165,7 @@ def in_use() -> tuple[str, str]:
         return pin, f"Weights: {formats.FORMATS[pin]}, set on this server (SPECDEC_DTYPE)"
     chosen, costs = measured()
     if pick == formats.AUTO or pick not in costs:
-        line = "Weights: " + formats.reason(costs, chosen)
+        line = "Weights: " + formats.reason(costs, chosen, default=formats.default_format())
         if pick != formats.AUTO:
             line += f" ({WEIGHTS[pick]} does not run here)"
         return chosen, line

@@ -61,6 +61,8 @@ CSS = """
 .verdict-rejected { color:#c62828; font-weight:700; white-space:nowrap; }
 .verdict-unchecked { color:#9e9e9e; white-space:nowrap; }
 .bigcap { font-size:1.15rem; line-height:1.55; }
+/* Play and Pause share one button: one width for both, so the replay bar does not shift under a click */
+.st-key-play button { min-width:7.5rem; }
 </style>
 """
 

@@ -4,8 +4,8 @@ prompt and drafter set through the page address. All press Generate together.
 
 Every page must finish, and the text every page shows must be exactly its own single-session decode: each chip
 of "The text so far" (the token id and text its hover carries, and its visible text) against a plain greedy
-decode of the same prompt by the engine in this process (at temperature 0 speculative output equals plain
-decoding token for token). Reports the time from the click to the finished page (p50, p95), the server's peak
+decode of the same prompt by the engine in this process, in the weight format the pages' sidebar names (at
+temperature 0 speculative output equals plain decoding token for token). Reports the time from the click to the finished page (p50, p95), the server's peak
 memory (the RSS of its process and its children, sampled), and, while the others decode, how long a fresh page
 takes to load the app and show its navigation (it must, at least once before the last page finishes).
 
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TQDM_DISABLE", "1")   # the loader's per-tensor bars (read at import): this script says what it does
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -84,12 +85,13 @@ class Expected:
     text: str
 
 
-def references(cfgs: list[dict]) -> list[Expected]:
-    """Each page's single-session result: a plain greedy decode of its prompt by the engine, nothing shared."""
-    os.environ.setdefault("TQDM_DISABLE", "1")   # the loader's per-tensor bars; this process says what it does
+def references(cfgs: list[dict], fmt: str) -> list[Expected]:
+    """Each page's single-session result: a plain greedy decode of its prompt by the engine, nothing shared, in
+    the weight format the server's pages run (`fmt`, as their sidebar says: formats differ in their rounding)."""
     import torch
-    from specdec_core import SamplingParams, drafters, engine, load
-    tgt = load("bundled")
+    from specdec_core import SamplingParams, drafters, engine
+    from specdec_core.bench import regime
+    tgt = regime.load_format(fmt)
     out = []
     for cfg in cfgs:
         ids = tgt.encode(cfg["prompt"]).tolist()
@@ -102,6 +104,20 @@ def references(cfgs: list[dict]) -> list[Expected]:
     gc.collect()
     torch.set_num_threads(1)   # what is left for this process is the browser's driver, not arithmetic
     return out
+
+
+def regime_words() -> list[str]:
+    from specdec_core.bench import regime
+    return list(regime.FORMATS.values())
+
+
+def page_format(line: str) -> str:
+    """The weight format a page's sidebar line names ("Weights: dense fp32 — …")."""
+    from specdec_core.bench import regime
+    for f, words in regime.FORMATS.items():
+        if line.startswith(f"Weights: {words}"):
+            return f
+    raise RuntimeError(f"the sidebar does not say which weights run: {line!r}")
 
 
 def read_chips(titles: list[str], texts: list[str]) -> tuple[list[int], list[str], list[str]]:
@@ -208,7 +224,8 @@ class Server:
 class Page:
     i: int
     cfg: dict
-    want: Expected
+    want: Expected | None = None
+    fmt: str = ""
     page: object = None
     clicked: float = 0.0
     total_s: float | None = None
@@ -236,6 +253,8 @@ class Run:
     rss_before_mb: float = 0.0
     open_s: float = 0.0
     run_s: float = 0.0
+    reference_s: float = 0.0
+    fmt: str = ""
 
     def pending(self) -> int:
         return sum(p.total_s is None and not p.error for p in self.pages)
@@ -265,6 +284,10 @@ async def open_page(browser, url: str, p: Page, limit_ms: int) -> None:
     if prompt != p.cfg["prompt"] or not summary.startswith(p.cfg["drafter"]) or \
             f"up to {p.cfg['max_new_tokens']} tokens" not in summary or "temperature 0 " not in summary:
         raise RuntimeError(f"page {p.i}: the address did not set its settings (prompt {prompt!r}, {summary!r})")
+    weights = p.page.locator('[data-testid="stSidebar"] [data-testid="stCaptionContainer"]').filter(
+        has_text=re.compile("Weights: (" + "|".join(map(re.escape, regime_words())) + ")"))
+    await weights.first.wait_for(timeout=limit_ms)
+    p.fmt = page_format((await weights.first.inner_text()).strip())
 
 
 async def finish(p: Page, run: Run, t0: float, limit_ms: int) -> None:
@@ -280,20 +303,24 @@ async def finish(p: Page, run: Run, t0: float, limit_ms: int) -> None:
             f"({len(run.pages) - run.pending()} of {len(run.pages)}, {time.monotonic() - t0:.0f} s in)")
         # no wait for the page to be idle first: its replay reruns every 0.9 s, and on a busy machine each rerun
         # outlasts that, so the running indicator never goes away until Last pauses it
-        await page.locator(".st-key-last button").first.click()   # pauses the replay at the last step, shown whole
+        last = page.locator(".st-key-last button").first
+        await last.click()   # pauses the replay at the last step, shown whole
         await settle(page, limit_ms)
         if await page.get_by_text("Stopped after", exact=False).count():
             raise RuntimeError("the run was stopped before its end")
         want = p.want
-        # the replay's fragment may still be drawing an earlier step: wait, as long as the test may, for the
-        # heading of the last step ("Step n of n") and a chip for every token
+        # wait, as long as the test may, for the heading of the last step ("Step n of n") and a chip for every
+        # token. A click that lands while the replay redraws its bar can meet the button beside Last (Pause
+        # shifts the bar as its label changes): a replay paused short of its end gets Last again.
         end = time.monotonic() + limit_ms / 1000
         while True:
             head = page.locator("h3").filter(has_text=re.compile(r"Step (\d+) of \1\b"))
             titles = [await c.get_attribute("title") for c in await page.locator(CHIPS).all()]
             if (await head.count() and len(titles) == len(want.tokens)) or time.monotonic() > end:
                 break
-            await page.wait_for_timeout(500)
+            if "Play" in await page.locator(DONE).first.inner_text() and not await head.count():
+                await last.click()
+            await page.wait_for_timeout(1000)
         texts = await page.locator(CHIPS).all_inner_texts()
         ids, pieces, shown = read_chips(titles, texts)
         p.got, p.shown_tokens = "".join(pieces), len(ids)
@@ -340,6 +367,16 @@ async def drive(server: Server, run: Run, page_limit_s: float, fresh_limit_s: fl
             say(f"opening {len(run.pages)} pages on Step by step…")
             await asyncio.gather(*(open_page(browser, server.url, p, limit_ms) for p in run.pages))
             run.open_s = time.monotonic() - t
+            fmts = {p.fmt for p in run.pages}
+            if len(fmts) != 1:
+                raise RuntimeError(f"the pages run different weight formats: {sorted(fmts)}")
+            run.fmt = fmts.pop()
+            say(f"the pages run the {run.fmt} weights; single-session references: {len(run.pages)} plain greedy "
+                f"decodes in this process…")
+            t = time.monotonic()
+            for p, w in zip(run.pages, await asyncio.to_thread(references, [p.cfg for p in run.pages], run.fmt)):
+                p.want = w
+            run.reference_s = time.monotonic() - t
             run.rss_before_mb = server.mark()
             say(f"all {len(run.pages)} pages ready in {run.open_s:.0f} s (server RSS {run.rss_before_mb:.0f} MB); "
                 "pressing Generate on every page")
@@ -370,11 +407,7 @@ def main(pages: int = 10, max_new_tokens: int = 12, limit_s: float = 1800, fresh
         raise SystemExit(f"stopped by signal {signum}")
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, stopped)
-    cfgs = [page_settings(i, max_new_tokens) for i in range(pages)]
-    say(f"single-session references: {pages} plain greedy decodes of {max_new_tokens} tokens in this process…")
-    wants = references(cfgs)
-    ref_s = time.monotonic() - t_start
-    run = Run([Page(i, c, w) for i, (c, w) in enumerate(zip(cfgs, wants))])
+    run = Run([Page(i, page_settings(i, max_new_tokens)) for i in range(pages)])
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="load-browser-") as tmp:
         server = Server(Path(tmp) / "streamlit.log")
@@ -413,14 +446,14 @@ def main(pages: int = 10, max_new_tokens: int = 12, limit_s: float = 1800, fresh
             "fresh_pages": len(run.probes), "fresh_during_run": len(during),
             "fresh_load_p50_s": statistics.median([pr.load_s for pr in during]) if during else float("nan"),
             "fresh_load_max_s": max((pr.load_s for pr in during), default=float("nan")),
-            "open_s": run.open_s, "run_s": run.run_s, "reference_s": ref_s,
+            "open_s": run.open_s, "run_s": run.run_s, "reference_s": run.reference_s, "weights": run.fmt,
             "wall_s": time.monotonic() - t_start, "failures": failures,
             "ok": not failures and len(done) == pages}
 
 
 def report(r: dict) -> None:
     say(f"{r['completed']} of {r['pages']} browser pages finished with exactly their own single-session text, "
-        f"{r['failed']} failed ({r['max_new_tokens']} new tokens each, greedy; drafters "
+        f"{r['failed']} failed ({r['max_new_tokens']} new tokens each, greedy, {r['weights']} weights; drafters "
         f"{', '.join(sorted(set(r['drafters'].values())))})")
     say(f"click to done: p50 {r['click_to_done_p50_s']:.1f} s, p95 {r['click_to_done_p95_s']:.1f} s "
         f"(max {r['click_to_done_max_s']:.1f} s); all {r['pages']} runs {r['run_s']:.0f} s")

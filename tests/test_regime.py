@@ -46,6 +46,25 @@ def test_rule_when_no_format_is_cheap_takes_the_lowest_ratio():
     assert "no format stays under 1.35×" in reason(costs, "bf16")
 
 
+def test_rule_on_noisy_timings_keeps_the_default_format_and_says_why():
+    quiet = {"fp32": c(45.0, 1.17), "bf16": c(30.0, 1.62)}
+    busy = {"fp32": Cost(45.0, 70.0, 1.56, noisy=True), "bf16": c(30.0, 1.30)}   # a burst landed on fp32's pairs
+    assert choose(busy) == "bf16"                              # read at face value the noise picks the other
+    assert choose(busy, default="fp32") == "fp32" and choose(quiet, default="bf16") == "fp32"
+    assert "so this machine's default format runs" in reason(busy, "fp32", default="fp32")
+    assert "the choice may differ on a quiet one" in reason(busy, "bf16")
+
+
+def test_decide_measures_a_noisy_format_once_more():
+    seen = []
+
+    def measure(lm):
+        seen.append(lm)
+        return Cost(45.0, 70.0, 1.56, noisy=True) if seen.count(lm) == 1 and lm == "fp32" else c(45.0, 1.17)
+    fmt, costs = regime.decide(lambda f: f, ["fp32"], measure_fn=measure, default="fp32")
+    assert seen == ["fp32", "fp32"] and not costs["fp32"].noisy and fmt == "fp32"
+
+
 def test_rule_refuses_nothing_measured_and_the_line_gives_every_ratio():
     with pytest.raises(FormatError, match="no weight format"):
         choose({})

@@ -10,7 +10,8 @@ the format has claimed the headroom speculation lives on, as a full batch does i
 So the app decides the format from a measurement at load, never from a CPU's name: each format this machine
 can run (`formats`) is loaded and timed on a one-token pass and an eight-token pass (`measure`, through the
 measuring rule of bench.passes), and `choose` keeps the formats whose eight-token pass costs at most LIMIT times
-one token's, taking the quickest one-token step among them (else the lowest ratio). Every format keeps the
+one token's, taking the quickest one-token step among them (else the lowest ratio); timings too noisy to tell the
+formats apart keep the format models.load picks by itself. Every format keeps the
 output contract on its own: greedy speculation gives plain decoding's tokens in the same format (formats differ
 from each other in their rounding, so their outputs may differ between formats).
 """
@@ -118,18 +119,24 @@ def measure(lm: LM, reps: int = REPS, big: int = BIG) -> Cost:
     return Cost.of(token_cost(lm, ids, 1, big, reps))
 
 
-def choose(costs: dict[str, Cost], limit: float = LIMIT) -> str:
+def choose(costs: dict[str, Cost], limit: float = LIMIT, default: str | None = None) -> str:
     """The format to run: among those whose BIG-token pass costs at most `limit` times one token's, the one with
-    the quickest one-token step; when none is, the one with the lowest ratio (the most headroom there is)."""
+    the quickest one-token step; when none is, the one with the lowest ratio (the most headroom there is).
+
+    A noisy measurement (a busy machine: the pairs spread wider than the measuring rule allows) cannot tell the
+    formats apart, so then the `default` (the format models.load picks by itself) runs, where it was measured."""
     if not costs:
         raise FormatError("no weight format was measured")
+    if default in costs and any(c.noisy for c in costs.values()):
+        return default
     cheap = [f for f, c in costs.items() if c.ratio <= limit]
     if cheap:
         return min(cheap, key=lambda f: (costs[f].one_ms, costs[f].ratio))
     return min(costs, key=lambda f: (costs[f].ratio, costs[f].one_ms))
 
 
-def reason(costs: dict[str, Cost], chosen: str, limit: float = LIMIT, big: int = BIG) -> str:
+def reason(costs: dict[str, Cost], chosen: str, limit: float = LIMIT, big: int = BIG,
+           default: str | None = None) -> str:
     """Why `chosen`, in one line with the measured ratios: "dense fp32 — a pass on 8 tokens costs 1.17× one
     token's here (dense bf16: 1.48×)"."""
     c = costs[chosen]
@@ -139,18 +146,24 @@ def reason(costs: dict[str, Cost], chosen: str, limit: float = LIMIT, big: int =
     if c.ratio > limit:
         line += f"; no format stays under {limit:.2f}×, so the lowest"
     if any(x.noisy for x in costs.values()):
-        line += "; measured on a busy machine (noisy pairs): the choice may differ on a quiet one"
+        line += ("; measured on a busy machine (noisy pairs), so this machine's default format runs"
+                 if chosen == default else "; measured on a busy machine (noisy pairs): the choice may differ on a "
+                 "quiet one")
     return line
 
 
 def decide(load_fn: Callable[[str], LM], fmts: list[str], measure_fn: Callable[[LM], Cost] = measure,
-           ) -> tuple[str, dict[str, Cost]]:
+           default: str | None = None) -> tuple[str, dict[str, Cost]]:
     """Load each format with `load_fn` (a cached loader in the app), measure it, and choose: (format, costs).
-    A format that fails to load is left out, said on stderr."""
+    A format measured noisy is measured once more (a passing burst of other work); a format that fails to load is
+    left out, said on stderr."""
     costs = {}
     for f in fmts:
         try:
-            costs[f] = measure_fn(load_fn(f))
+            lm = load_fn(f)
+            costs[f] = measure_fn(lm)
+            if costs[f].noisy:
+                costs[f] = measure_fn(lm)
         except (FormatError, RuntimeError) as e:
             print(f"note: weight format {f} left out: {e}", file=sys.stderr)
-    return choose(costs), costs
+    return choose(costs, default=default), costs
