@@ -232,6 +232,7 @@ class Page:
     error: str = ""
     got: str = ""
     shown_tokens: int = 0
+    phase: str = "opening"
 
     @property
     def url_query(self) -> str:
@@ -292,6 +293,7 @@ async def open_page(browser, url: str, p: Page, limit_ms: int) -> None:
 
 async def finish(p: Page, run: Run, t0: float, limit_ms: int) -> None:
     """Wait for the page's run to end, then show its last step whole and read the text it shows."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
     page = p.page
     try:
         hit = page.locator(DONE).or_(page.locator(ERROR)).first
@@ -299,28 +301,36 @@ async def finish(p: Page, run: Run, t0: float, limit_ms: int) -> None:
         if await page.locator(ERROR).count():
             raise RuntimeError("the page shows an error: " + (await page.locator(ERROR).first.inner_text())[:300])
         p.total_s = time.monotonic() - p.clicked
+        p.phase = "finished"
         say(f"  page {p.i:2d} ({p.cfg['drafter']}) done {p.total_s:6.1f} s after its click "
             f"({len(run.pages) - run.pending()} of {len(run.pages)}, {time.monotonic() - t0:.0f} s in)")
-        # no wait for the page to be idle first: its replay reruns every 0.9 s, and on a busy machine each rerun
-        # outlasts that, so the running indicator never goes away until Last pauses it
-        last = page.locator(".st-key-last button").first
-        await last.click()   # pauses the replay at the last step, shown whole
-        await settle(page, limit_ms)
-        if await page.get_by_text("Stopped after", exact=False).count():
-            raise RuntimeError("the run was stopped before its end")
-        want = p.want
-        # wait, as long as the test may, for the heading of the last step ("Step n of n") and a chip for every
-        # token. A click that lands while the replay redraws its bar can meet the button beside Last (Pause
-        # shifts the bar as its label changes): a replay paused short of its end gets Last again.
+        # Last pauses the replay at its last step, shown whole. The page is not waited on to be idle first: its
+        # replay reruns every 0.9 s, and on a busy machine each rerun can outlast that. A click that lands while
+        # the replay redraws its bar can meet the button beside Last, or none, so each try is short and the page
+        # is read again: until its heading names the last step ("Step n of n") with a chip for every token, it
+        # gets Last again, as a student would press it again.
+        want, last = p.want, page.locator(".st-key-last button").first
         end = time.monotonic() + limit_ms / 1000
+        tries = 0
         while True:
+            p.phase = f"pressing Last (try {tries + 1})"
+            try:
+                await last.click(timeout=10_000)
+            except PlaywrightTimeout:
+                pass
+            tries += 1
+            await page.wait_for_timeout(2000)
+            p.phase = f"reading the last step (after {tries} presses of Last)"
             head = page.locator("h3").filter(has_text=re.compile(r"Step (\d+) of \1\b"))
             titles = [await c.get_attribute("title") for c in await page.locator(CHIPS).all()]
-            if (await head.count() and len(titles) == len(want.tokens)) or time.monotonic() > end:
+            if await head.count() and len(titles) == len(want.tokens):
                 break
-            if "Play" in await page.locator(DONE).first.inner_text() and not await head.count():
-                await last.click()
-            await page.wait_for_timeout(1000)
+            if time.monotonic() > end:
+                shown = await page.locator("h3").filter(has_text="Step ").all_inner_texts()
+                raise RuntimeError(f"the last step was not shown after {tries} presses of Last (the page shows "
+                                   f"{shown}, {len(titles)} chips)")
+        if await page.get_by_text("Stopped after", exact=False).count():
+            raise RuntimeError("the run was stopped before its end")
         texts = await page.locator(CHIPS).all_inner_texts()
         ids, pieces, shown = read_chips(titles, texts)
         p.got, p.shown_tokens = "".join(pieces), len(ids)
@@ -328,6 +338,7 @@ async def finish(p: Page, run: Run, t0: float, limit_ms: int) -> None:
             raise RuntimeError(f"tokens differ from the single-session decode: page {ids}, alone {want.tokens}")
         if pieces != want.pieces or shown != want.shown:
             raise RuntimeError(f"the text shown differs: page {shown}, alone {want.shown}")
+        p.phase = "compared"
     except Exception as e:   # noqa: BLE001 -- every page is reported, one failure does not stop the others
         p.error = p.error or f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         say(f"  page {p.i:2d} ({p.cfg['drafter']}) FAILED: {p.error}")
@@ -357,6 +368,16 @@ async def probe(browser, url: str, run: Run, limit_ms: int) -> None:
         await asyncio.sleep(1.0)
 
 
+async def watch(run: Run, every_s: float = 60.0) -> None:
+    """Every minute, what each page not yet compared is doing: a stall is seen where it happens."""
+    while True:
+        await asyncio.sleep(every_s)
+        left = [p for p in run.pages if p.phase != "compared" and not p.error]
+        if not left:
+            return
+        say("  still going: " + "; ".join(f"page {p.i} {p.phase}" for p in left))
+
+
 async def drive(server: Server, run: Run, page_limit_s: float, fresh_limit_s: float, shot: Path | None) -> None:
     from playwright.async_api import async_playwright
     limit_ms = int(page_limit_s * 1000)
@@ -384,9 +405,10 @@ async def drive(server: Server, run: Run, page_limit_s: float, fresh_limit_s: fl
             async def click(p: Page) -> None:
                 p.clicked = time.monotonic()
                 await p.page.locator(".st-key-generate button").click()
+                p.phase = "decoding"
             t0 = time.monotonic()
             await asyncio.gather(*(click(p) for p in run.pages))
-            await asyncio.gather(probe(browser, server.url, run, int(fresh_limit_s * 1000)),
+            await asyncio.gather(probe(browser, server.url, run, int(fresh_limit_s * 1000)), watch(run),
                                  *(finish(p, run, t0, limit_ms) for p in run.pages))
             run.run_s = time.monotonic() - t0
             if shot is not None:
