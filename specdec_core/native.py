@@ -11,8 +11,8 @@ the output back in row order, converted once) are plain loops that compute the s
 they can). Measured on a 2-core
 Xeon: a one-token step 2.7 ms shorter (of ~23.9) with the first loops, ~0.45 ms more with the row moves and SwiGLU.
 The EAGLE head's layer (drafters/eagle_packed._rows), run once per
-tree level, is ported the same way, and so is the loop over a proposal's levels (`eagle_levels`: drafters/eagle.py's
-_grow, the same trees).
+tree level, is ported the same way; which nodes a level expands, and when a tree stops, stays in Python
+(drafters/eagle.py's _grow): a port computes, it does not decide.
 
 Drafts also get loops of their own, which round differently from ATen's ops (a draft may: verification is exact
 whatever it proposes): an int8-weight product with int16 activations on AVX-512 VNNI, or on AMX's int8 tiles at 2+
@@ -70,8 +70,8 @@ def why() -> str:
 
 def op(name: str):
     """One of csrc/span.cpp's functions, or None (off, or not buildable here): `span_layers` (forward._span_layers'
-    signature and bits), `eagle_rows` (drafters/eagle_packed._rows'), `eagle_levels` (drafters/eagle.Eagle._grow's),
-    and the kernels' entries and switches."""
+    signature and bits), `eagle_rows` (drafters/eagle_packed._rows'), and
+    the kernels' entries and switches."""
     if not enabled():
         return None
     m = module()

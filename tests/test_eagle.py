@@ -452,45 +452,6 @@ def test_a_sized_tree_stops_drafting_when_no_deeper_level_can_pay(one_thread):
         assert max(r.tree.depth for r in recs if r.tree is not None) == calls[rate][1]
 
 
-def test_the_native_levels_grow_the_python_loops_trees(bundled, one_thread):
-    """PackedHead.levels (csrc/span.cpp's eagle_levels, where built) against Eagle._grow's Python loop from the same
-    state: the same parents, tokens and float64 scores, and the same scratch rows, on every step of a few prompts
-    (the level's ms pinned, so a sized tree's stopping rule sees the same numbers)."""
-    from specdec_core.native import op
-    if op("eagle_levels") is None:
-        pytest.skip("the C++ loop is not built here")
-    d = make("eagle", bundled)
-    d.draft_ms, d.rate = 3.0, 0.3
-    d._measure = lambda n: None                                   # a fixed rate: some trees stop early
-    grow, fast, seen = d._grow, d.fast, []
-
-    class Python:                                                 # the packed head without its native levels
-        levels = None
-
-        def __getattr__(self, a):
-            return getattr(fast, a)
-
-        def __call__(self, *a, **k):
-            return fast(*a, **k)
-
-    def both(f, lp, ix, n, depth):
-        n0 = d.kv.n
-        a = grow(f, lp, ix, n, depth)
-        rows = d.kv.n, d.kv.k[:, n0:d.kv.n].clone()
-        d.kv.n, d.fast = n0, Python()
-        try:
-            b = grow(f, lp, ix, n, depth)
-        finally:
-            d.fast = fast
-        assert a == b and rows[0] == d.kv.n and torch.equal(rows[1], d.kv.k[:, n0:d.kv.n])
-        seen.append(len(a[0]))
-        return a
-    d._grow = both
-    for text in ("def mean(xs):\n    return", "{\"name\": \"Ada\", \"born\":", "The capital of France is"):
-        engine.run(bundled, d, bundled.encode(text), max_new_tokens=24, detail=False)
-    assert len(seen) > 10 and len(set(seen)) > 1                  # many steps, trees of more than one size
-
-
 def test_int8_head_products_round_within_half_a_step_per_weight():
     """Dense's int8 (bf16 activations): each weight rounds to the nearest of 255 steps of its row's scale, so a
     product is off by at most sum_k |x_k| * scale / 2 (plus bf16's rounding of the output); the EAGLE head drafts

@@ -116,7 +116,6 @@ def test_the_cpp_eagle_level_is_the_scripted_one(either, faithful, monkeypatch):
     from specdec_core import make_drafter, run
     prompt = either.encode("Write a Python function that merges two sorted lists into one sorted list.")
     seen = []
-    monkeypatch.setattr(ep.PackedHead, "levels", lambda *a, **k: None)   # every level through `rows` (Eagle._grow)
     for fn in (ext.eagle_rows, ep._rows):
         got = []
 

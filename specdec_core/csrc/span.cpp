@@ -2268,85 +2268,11 @@ std::tuple<Tensor, Tensor, Tensor> eagle_rows(
   return {h, lp, ids.has_value() ? target_ids(*ids, ix) : ix};
 }
 
-// Eagle.propose's levels after the root (drafters/eagle.py's _grow, step for step): each level keeps every expanded
-// row's top-K children (parent, target id, cumulative log-prob in float64), expands the K likeliest of them (a stable
-// sort, as Python's), stops where `sized` and the next level cannot pay (policy.deeper_pays: the expanded nodes'
-// summed p >= level ms x committed tokens a ms; level_ms >= 0 pins a level's ms, else the level just run is timed;
-// rate < 0: no rate yet, always deeper), and runs the next level through eagle_rows: its rows see their ancestors'
-// tree rows and themselves.
-// f [m, H], lp, ix [m, K]: the root call's. -> (parent, tok, score, the scratch's rows after the last level).
-std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<double>, int64_t> eagle_levels(
-    Tensor f, Tensor lp, Tensor ix, const Tensor& embed, const Tensor& cos, const Tensor& sin, const Tensor& k,
-    const Tensor& v, int64_t R0, const Tensors& w, const OptTensors& s, const OptTensors& b,
-    const std::vector<bool>& packed, const Tensor& ln1, const Tensor& ln2, const Tensor& norm, const Tensor& fc_b,
-    int64_t Hq, int64_t Hkv, int64_t D, double eps, const OptT& ids, int64_t pos0, int64_t depth, int64_t K,
-    bool sized, double level_ms, double rate) {
-  c10::InferenceMode guard;
-  using clock = std::chrono::steady_clock;
-  std::vector<int64_t> parent, tok, front{-1};
-  std::vector<double> score, base{0.0};
-  std::vector<std::vector<int64_t>> branch{{}};   // the last level's rows' tree rows (ancestors', then its own)
-  int64_t tn = 0;                                  // tree rows so far
-  auto t1 = clock::now();
-  for (int64_t d = 1; d <= depth; ++d) {
-    const Tensor lpc = lp.to(at::kFloat).contiguous(), ixc = ix.to(at::kLong).contiguous();
-    const float* lq = lpc.data_ptr<float>();
-    const int64_t* iq = ixc.data_ptr<int64_t>();
-    const int64_t first = tok.size(), m = lpc.size(0);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < K; ++j) {
-        parent.push_back(front[r]);
-        tok.push_back(iq[r * K + j]);
-        score.push_back(base[r] + static_cast<double>(lq[r * K + j]));
-      }
-    if (d == depth) break;
-    std::vector<int64_t> pick(m * K);
-    std::iota(pick.begin(), pick.end(), 0);
-    std::stable_sort(pick.begin(), pick.end(), [&](int64_t a, int64_t c) { return score[first + a] > score[first + c]; });
-    pick.resize(std::min<int64_t>(K, pick.size()));
-    if (sized && d > 1 && rate >= 0) {
-      const double ms = level_ms >= 0 ? level_ms : std::chrono::duration<double, std::milli>(clock::now() - t1).count();
-      double mass = 0;   // the expanded nodes' cumulative probabilities, summed in Python's order
-      for (const int64_t j : pick) mass += std::exp(score[first + j]);
-      if (!(mass >= ms * rate)) break;
-    }
-    t1 = clock::now();
-    const int64_t n = pick.size();
-    std::vector<std::vector<int64_t>> next(n);
-    auto rows = at::empty({n}, at::kLong), toks = at::empty({n}, at::kLong);
-    for (int64_t j = 0; j < n; ++j) {
-      next[j] = branch[pick[j] / K];
-      next[j].push_back(tn + j);
-      rows.data_ptr<int64_t>()[j] = pick[j] / K;
-      toks.data_ptr<int64_t>()[j] = tok[first + pick[j]];
-    }
-    tn += n;
-    branch.swap(next);
-    auto bias = at::full({n, tn}, -INFINITY, at::kFloat);
-    for (int64_t j = 0; j < n; ++j)
-      for (const int64_t c : branch[j]) bias.data_ptr<float>()[j * tn + c] = 0.f;
-    front.assign(n, 0);
-    base.assign(n, 0.0);
-    for (int64_t j = 0; j < n; ++j) front[j] = first + pick[j], base[j] = score[first + pick[j]];
-    const auto dev = f.device();
-    auto [h, lpn, ixn] = eagle_rows(f.index_select(0, rows.to(dev)), embed.index_select(0, toks.to(dev)),
-                                    cos.select(0, pos0 + d), sin.select(0, pos0 + d), bias.to(dev), k, v, R0, w, s,
-                                    b, packed, ln1, ln2, norm, fc_b, Hq, Hkv, D, eps, 0, K, ids);
-    R0 += n;
-    f = h;
-    lp = lpn.cpu();
-    ix = ixn.cpu();
-  }
-  return {parent, tok, score, R0};
-}
-
 // Both release the GIL while they run, as a TorchScript call does: a forward is ~20 ms of work that touches no
 // Python object, and the app's other sessions and its server keep going meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("span_layers", &span_layers, "forward._span_layers, op for op", py::call_guard<py::gil_scoped_release>());
   m.def("eagle_rows", &eagle_rows, "drafters/eagle_packed._rows, op for op", py::call_guard<py::gil_scoped_release>());
-  m.def("eagle_levels", &eagle_levels, "drafters/eagle.Eagle._grow: the tree's levels after the root",
-        py::call_guard<py::gil_scoped_release>());
   m.def("int8_product", &int8_product, "x @ (w * s)^T for a draft's int8 weights (the kernel where it fits, else ATen's)",
         py::call_guard<py::gil_scoped_release>());
   m.def("row_argmax", &row_argmax, "each row's first maximum of x [R, V] (torch.argmax's index)");

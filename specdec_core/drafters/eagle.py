@@ -27,12 +27,10 @@ deterministic and verify_tree.py's exact rule applies unchanged: the output law 
 
 `Head` is the module training unrolls; drafting runs a packed copy of its weights (eagle_packed.py: the
 target forward's packed products in the target's dtype, one call for the rows committed since the last step
-and the root, then one call per tree level over all of its rows). The levels after the root run in one C++ call
-where native.py builds it (eagle_packed.PackedHead.levels): measured side by side on a 2-core Xeon with AMX, the
-fresh code and JSON prompts, the draft took 2.76 ms a step (mean) against 3.11 with the levels driven from Python,
-the same trees (tests/test_eagle.py). Elsewhere `_grow` ranks a level's few candidates (topk per row) in Python
-lists, not tensors: each tensor op costs a few microseconds whatever its size, more than Python's arithmetic on
-four numbers (the same floats, the same stable order, so the same trees).
+and the root, then one call per tree level over all of its rows). How the tree grows (which nodes to expand, when
+to stop) is decided here only, in `_grow`, in Python: a fast path may compute a level's rows (native.py's C++ port
+of the layer), never the choice. `_grow` ranks a level's few candidates (topk per row) in Python lists, not
+tensors: each tensor op costs a few microseconds whatever its size, more than Python's arithmetic on four numbers.
 """
 from __future__ import annotations
 
@@ -258,17 +256,8 @@ class Eagle(Drafter):
         """The tree's levels after the root (whose features f [1, H], top-K log-probs lp and target ids ix [1, K]
         the root call gave): every node drafted, in drafting order, as three lists: its parent's index (-1 = the
         root), token and cumulative log-prob (a Python float: float64, so ties break as in drafting order).
-        csrc/span.cpp's eagle_levels where native.py builds it (the same steps, one call for all levels: each level's
-        Python costs more than its few numbers); else this loop, where a level's few nodes live in Python lists (each
-        tensor op costs a few microseconds whatever its size)."""
-        K, kv = self.topk, self.kv
-        levels = getattr(self.fast, "levels", None)   # a stand-in head (the tests' fp32 module) has none
-        if levels is not None:
-            pinned = self.draft_ms / self.depth if self.draft_ms is not None else None
-            got = levels(f, lp, ix, n, kv, depth, K, self.sized, pinned, self.rate)
-            if got is not None:
-                return got
-        dev = self.fast.device
+        A level's few nodes live in Python lists (each tensor op costs a few microseconds whatever its size)."""
+        K, kv, dev = self.topk, self.kv, self.fast.device
         parent, tok, score = [], [], []
         front, base = [-1], [0.0]                # the rows just run: their node indices and scores
         shape = ()                               # the tree so far: each level's rows of f (the parents expanded)

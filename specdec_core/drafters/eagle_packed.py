@@ -135,22 +135,6 @@ class PackedHead:
     def scratch(self, rows: int) -> Scratch:
         return Scratch(self.Hkv, rows, self.D, self.device)
 
-    def levels(self, f: torch.Tensor, lp: torch.Tensor, ix: torch.Tensor, n: int, kv: Scratch, depth: int, K: int,
-               sized: bool, level_ms: float | None, rate: float | None):
-        """Eagle._grow's levels in one call of csrc/span.cpp's eagle_levels (the same steps and bits: each level
-        through eagle_rows; a level's Python, a few lists and small tensors, cost more than its numbers), from the
-        root's call at position n: -> (parent, tok, score) lists, the levels' rows appended to kv; None where
-        native.py does not build it (Eagle._grow's own loop then)."""
-        op = native_op("eagle_levels")
-        if op is None:
-            return None
-        self._reach(n + depth)
-        kv.reserve(kv.n + (depth - 1) * K)
-        parent, tok, score, kv.n = op(f, lp, ix, self.embed, self.cos, self.sin, kv.k, kv.v, kv.n, *self._w,
-                                      self.Hq, self.Hkv, self.D, self.eps, self.ids, n, depth, K, sized,
-                                      -1.0 if level_ms is None else level_ms, -1.0 if rate is None else rate)
-        return parent, tok, score
-
     def __call__(self, f: torch.Tensor, tok: torch.Tensor, pos, bias: torch.Tensor, kv: Scratch, last: int = 0,
                  k: int = 0):
         """f [m, H] the features read (f_{t-1}), tok [m] the tokens x_t after them, at positions `pos` (an int
