@@ -58,7 +58,10 @@ h1 { font-size: 3.0rem !important; } h2 { font-size: 2.3rem !important; } h3 { f
 .tok-bonus { background:#2962ff !important; color:#fff !important; border-color:#000 !important; }
 .tok-target { background:#e0e0e0 !important; color:#000 !important; border-color:#000 !important; }
 .strip { background:#fff !important; border:3px solid #000 !important; }
-.vtable { font-size: 1.4rem !important; }
+.vtable { font-size: 1.15rem !important; }
+/* a projector's whole width for the page: its tables and charts are what the room reads */
+[data-testid="stMainBlockContainer"] { max-width: 100% !important; padding-left: 3rem !important;
+  padding-right: 3rem !important; }
 /* a metric's label wraps at this size instead of being cut to "Accept…" */
 [data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * { white-space: normal !important;
   overflow: visible !important; text-overflow: clip !important; }

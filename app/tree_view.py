@@ -200,7 +200,7 @@ def trial_table(rec: StepRecord, f: Frame, greedy: bool) -> str:
     if f.phase == RESULT:
         left = [n for n in rec.tree.nodes[1:] if n.trial is None]
         if left:
-            rows.append(f'<tr class="vrow"><td></td><td colspan="8" class="verdict-unchecked">never tried '
+            rows.append(f'<tr class="vrow"><td></td><td colspan="8" class="verdict-unchecked leftover">never tried '
                         f'(their branch was cut): {count(len(left), "candidate")}, '
                         + " ".join(chip(n.piece, "tok-unchecked", token=n.token) for n in left[:12])
                         + (" …" if len(left) > 12 else "") + "</td></tr>")

@@ -60,6 +60,7 @@ CSS = """
 .verdict-accepted { color:#2e7d32; font-weight:700; white-space:nowrap; }
 .verdict-rejected { color:#c62828; font-weight:700; white-space:nowrap; }
 .verdict-unchecked { color:#9e9e9e; white-space:nowrap; }
+.vtable td.leftover { white-space:normal; }   /* the untried candidates wrap, never widen the table */
 .bigcap { font-size:1.15rem; line-height:1.55; }
 /* Play and Pause share one button: one width for both, so the replay bar does not shift under a click */
 .st-key-play button { min-width:7.5rem; }

@@ -151,7 +151,7 @@ def player():
     bar.button("Next rejection", key="next_rejection", icon=":material/report:",
                on_click=_pause_then(_to_rejection), disabled=frames.next_rejection(recs, cur.step) is None,
                help="Jump to the next step where the target rejected a draft")
-    row = st.columns([5, 1], gap="large", vertical_alignment="bottom")
+    row = st.columns([4, 1], gap="medium", vertical_alignment="bottom")   # "Speed" fits in presenter mode
     if len(recs) > 1:
         ss.scrub = cur.step + 1
         row[0].slider("Step", 1, len(recs), key="scrub", on_change=_scrub, help="Drag to scrub through the steps")
