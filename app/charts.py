@@ -38,7 +38,9 @@ def batch_figure(rows: list[dict], sizes: list[int]) -> go.Figure:
         fig.add_scatter(x=[r["batch_size"] for r in rs], y=[r["speedup"] for r in rs], name=d, legendgroup=d,
                         showlegend=False, mode="lines+markers+text", line=dict(color=c, width=3),
                         marker=dict(size=10), text=[f"{r['speedup']:.2f}×" for r in rs],
-                        textposition="top center", row=1, col=2, error_y=measure.speed_error(rs))
+                        # away from the 1× line and beside the whisker, on the side the line does not run
+                        textposition=["top right" if r["speedup"] >= 1 else "bottom left" for r in rs],
+                        cliponaxis=False, row=1, col=2, error_y=measure.speed_error(rs))
         measure.noisy_marks(fig, rs, "batch_size", row=1, col=2)
     # the line is named on its axis, not beside it, where a point's own label near 1× would land on it
     fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c", row=1, col=2)
@@ -100,7 +102,8 @@ def draft_length_figure(rows: list[dict], ks: list[int]) -> go.Figure:
         fig.add_scatter(x=[grid[0], grid[-1]], y=[r["speedup"]] * 2, mode="lines+text", row=1, col=1,
                         line=dict(color=measure.color(r["drafter"]), width=2,
                                   dash="dash" if r["k_policy"] == "schedule" else "dashdot"),
-                        text=["", f"{r['k_policy']} {r['speedup']:.2f}×"], textposition="top left",
+                        # named at the left end, above its line: the small k's points and curve sit lower there
+                        text=[f"{r['k_policy']} {r['speedup']:.2f}×", ""], textposition="top right",
                         name=f"{r['drafter']}: {r['k_policy']} (adaptive)", legendgroup=r["drafter"])
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=3)
     return measure.layout(fig, 480, below=True, barmode="group")

@@ -59,7 +59,7 @@ def figure(summary: list[dict], workloads: list[str]) -> go.Figure:
                     text=[_f(s.get("spec_tokens_per_s"), "{:.1f}")], row=1, col=4, **bar)
     fig.add_hline(y=1.0, line_dash="dash", line_color="#b71c1c", row=1, col=3)
     fig.add_hline(y=regime.LIMIT, line_dash="dot", line_color="#b71c1c", row=1, col=2,
-                  annotation_text=f"rule: {regime.LIMIT:.2f}×", annotation_position="bottom right")
+                  annotation_text=f"rule: {regime.LIMIT:.2f}×", annotation_position="top left")   # off the bars
     fig.update_yaxes(rangemode="tozero")
     fig.update_xaxes(tickangle=0)
     return measure.layout(fig, 430, below=True, barmode="group")
