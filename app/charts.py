@@ -98,13 +98,14 @@ def draft_length_figure(rows: list[dict], ks: list[int]) -> go.Figure:
     fig.update_xaxes(title="draft position (1 = first guess)", dtick=1, row=1, col=3)
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
     fig.update_yaxes(rangemode="tozero", row=1, col=2)
-    for r in adaptive:   # a policy has no single k: a level line across the fixed-k points
-        fig.add_scatter(x=[grid[0], grid[-1]], y=[r["speedup"]] * 2, mode="lines+text", row=1, col=1,
+    # a policy has no single k: a level line across the fixed-k points, its figure in the legend (a label on the
+    # chart would land on the prediction's curve or on the other policy's line)
+    for r in adaptive:
+        fig.add_scatter(x=[grid[0], grid[-1]], y=[r["speedup"]] * 2, mode="lines", row=1, col=1,
                         line=dict(color=measure.color(r["drafter"]), width=2,
                                   dash="dash" if r["k_policy"] == "schedule" else "dashdot"),
-                        # named at the left end, above its line: the small k's points and curve sit lower there
-                        text=[f"{r['k_policy']} {r['speedup']:.2f}×", ""], textposition="top right",
-                        name=f"{r['drafter']}: {r['k_policy']} (adaptive)", legendgroup=r["drafter"])
+                        name=f"{r['drafter']}: {r['k_policy']} (adaptive) {r['speedup']:.2f}×",
+                        legendgroup=r["drafter"])
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=3)
     return measure.layout(fig, 480, below=True, barmode="group")
 

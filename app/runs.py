@@ -15,7 +15,7 @@ import streamlit as st
 import torch
 
 from specdec_core import LM, IncompatibleModels, InputError, ModelError, SamplingParams, engine, load
-from specdec_core import drafters
+from specdec_core import clock, drafters
 from specdec_core.bench import prefill_fit
 from specdec_core.bench import regime as formats
 from specdec_core.models import BUNDLED, FORWARDS as FORWARD_NAMES
@@ -120,8 +120,9 @@ def available() -> list[str]:
 @st.cache_resource(show_spinner="Measuring each weight format's passes: once per server…")
 def measured() -> tuple[str, dict]:
     """(the format regime.choose picks, each format's Cost): every format this machine runs, loaded and timed
-    once per server, in turn at the model (nothing else runs while it is timed)."""
-    with turns.hold():
+    once per server, in turn at the model (nothing else runs while it is timed), by the decoding thread's own CPU
+    time on one thread (clock.cpu_work): the browser that opened the page is busy drawing it meanwhile."""
+    with turns.hold(), clock.cpu_work():
         _DECIDED["auto"] = out = formats.decide(lambda f: model(BUNDLED, f), available(),
                                                 default=formats.default_format())
     return out

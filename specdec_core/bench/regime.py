@@ -143,12 +143,14 @@ def reason(costs: dict[str, Cost], chosen: str, limit: float = LIMIT, big: int =
     others = ", ".join(f"{FORMATS[f]}: {costs[f].ratio:.2f}×" for f in costs if f != chosen)
     line = f"{FORMATS[chosen]} — a pass on {big} tokens costs {c.ratio:.2f}× one token's here"
     line += f" ({others})" if others else ""
+    noisy = any(x.noisy for x in costs.values())
+    if noisy and chosen == default:
+        return line + ("; measured on a busy machine (noisy pairs), too unsteady to choose by, so this machine's "
+                       "default format runs")
     if c.ratio > limit:
         line += f"; no format stays under {limit:.2f}×, so the lowest"
-    if any(x.noisy for x in costs.values()):
-        line += ("; measured on a busy machine (noisy pairs), so this machine's default format runs"
-                 if chosen == default else "; measured on a busy machine (noisy pairs): the choice may differ on a "
-                 "quiet one")
+    if noisy:
+        line += "; measured on a busy machine (noisy pairs): the choice may differ on a quiet one"
     return line
 
 
