@@ -2,55 +2,28 @@
 
 `eagle.Head` is an nn.Module written for training (autograd, batches of sequences, fp32). Drafting calls it a
 few times per step on at most `topk` rows, where every fp32, re-laid-out product and every per-call tensor
-rebuild costs more than the arithmetic: measured on a 2-core CPU, the module path took 1.3-1.5x a one-token
-step of the target it drafts for (this path: about 0.25x on the same, busy, machine). The same network for
-inference only:
+rebuild costs more than the arithmetic, so the module path would cost more than a target step. This is the same
+network for inference only:
 
   * every weight is a `forward.Dense`, packed once for oneDNN (rows unpadded: packed.py), in the target's
-    dtype (bf16 on a CPU that has it), with the products fused where one matmul can do two (q|k|v and
-    gate|up, as forward.Block does); the draft-vocabulary LM head too. The residual stream, norms, RoPE and
-    attention stay in fp32.
+    dtype, with the products fused where one matmul can do two (q|k|v and gate|up, as forward.Block does); the
+    draft-vocabulary LM head too. The residual stream, norms, RoPE and attention stay in fp32.
   * attention runs over a k/v scratch kept for the sequence (the committed rows; each tree level appends its
     rows, dropped after the proposal; no concat), with GQA as an explicit grouping of query heads per key head
     (no repeat_interleave);
   * RoPE's cos/sin, with attention's 1/sqrt(d) folded into the query rows, are one table row per position.
 
-In fp32 it computes what Head.forward computes to about 1e-6 (tests/test_eagle.py). In bf16 the products
-round differently; verification is exact whatever the draft computes, so that can only move acceptance:
-greedy, 64 tokens on the ten fresh prompts, 1.79 accepted tokens per step with bf16 products against 1.80
-with fp32 ones (against the fp32 module: the same best first token on 99% of steps, the same whole tree
-on 73%).
+In fp32 it computes what Head.forward computes to about 1e-6 (tests/test_eagle.py). Lower-precision products
+round differently; verification is exact whatever the draft computes, so that can only move acceptance.
 
-What is left is mostly reading weights: a level reads fc, the layer and the draft-vocabulary LM head (8192
-rows then, 4096 now: drafters.md's EAGLE section), about 18 MB in bf16 then, and a 5-deep tree runs 5 calls.
-So on the CPU (`int8=True`, Eagle's default there) every weight is stored in int8 with a scale per output row
-(forward.Dense's int8: half the bytes, the activations in the model dtype). Measured on a 2-core AMD EPYC
-(avx512_bf16, no AMX), the bundled target, the fresh code and JSON prompts side by side, with ATen's weight-only int8
-product: the draft 3.21 ms a step against 4.42 with bf16 weights, 3.39 tokens a step against 3.37, 148 against 136
-tokens/s.
-
-The rest of a level is ~60 small ops on a few rows, each costing more to dispatch than to compute. Where native.py
-can build it, the level runs csrc/span.cpp's eagle_rows instead of the scripted _rows: the same layer from C++, with
-RMSNorm's and RoPE's elementwise parts (and the scratch writes) as loops. Measured side by side on a 2-core Xeon with
-AMX, the fresh code and JSON prompts: the draft 4.34 ms a step against 5.18, 104 against 93 tokens/s, the same
-tokens. Its draft loops (on by default; `draft_loops(False)` makes eagle_rows bitwise _rows, tests/test_native.py)
-then replace three ATen calls whose cost at two rows is not arithmetic: the int8 products (ATen's loop converts
-every weight to fp32 and was bound by its instructions: csrc/span.cpp's int16 x int8 kernel on AVX-512 VNNI, 2.3x
-faster at 1-2 rows), attention over the head's sequence (two batched products, a softmax and their views: the
-target's loop, a key head's query heads together, rows and key heads over the threads) and the top-k of the level's
-log-probs (torch.topk took 30 us for 2 of 4096). They round differently from
-ATen's, which can only move the draft. Measured side by side on the same Xeon, the fresh code and JSON prompts: the
-draft 3.32 ms a step (median) against 4.40, 3.40 tokens a step against 3.37, 106.7 against 101.8 tokens/s.
-
-Once the target's step got cheaper (its layers reading 4-bit blocks: ~12 ms), the draft was 0.24 of it. Three more
-cuts, each measured side by side on the same Xeon kind with the fresh code and JSON prompts: a level's int8
-products on AMX's int8 tiles at 2+ rows (the same exact sums as the VNNI kernel, so the same bits; 2.87 against 2.96
-ms a step: the weights come from L3 after each target step, so the bytes, not the multiplies, bound them in situ);
-the levels after the root in one C++ call (`levels`: 2.76 against 3.11 ms); and fc's input, the LM head's input and
-the id gather as loops (2.34 against 2.65 ms, 0.198 of a one-token step). Then the int8 kernels began fetching each
-thread's weight rows a block ahead of its reads: a row of 576 int8 weights is 9 cache lines, too short for the
-hardware's prefetch to start on, and after each target step the head's weights come from far caches (2.16 against
-2.41 ms a step side by side; 2.15 against 2.31 and 2.16 against 2.30 on reruns, the same Xeon kind).
+What is left is mostly reading weights (fc, the layer and the draft-vocabulary LM head, once per tree level), so on
+the CPU (`int8=True`, Eagle's default there) every weight is stored in int8 with a scale per output row
+(forward.Dense's int8: half the bytes, the activations in the model dtype). The rest of a level is ~60 small ops on
+a few rows, each costing more to dispatch than to compute: where native.py builds it, a level runs csrc/span.cpp's
+`eagle_rows`, the same layer from C++ (bitwise the scripted `_rows` with its own loops off: `draft_loops(False)`,
+tests/test_native.py; with them on, the int8 products, the head's attention and the level's top-k run as loops that
+round differently, which again can only move the draft). Which nodes a level expands, and when the tree stops, is
+decided in Python only (eagle.Eagle._grow). What these choices measure, with the CPU: docs/drafters.md, "EAGLE".
 """
 from __future__ import annotations
 
