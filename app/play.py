@@ -17,9 +17,7 @@ from specdec_core.serving.gate import Gated
 from . import runs, turns, view
 
 # Redraw the live text at most this often: every redraw is work for the server and the browser, and on a small
-# machine that work lands between the decoder's phases and inflates the very step times the pages show
-# (measured on 2 cores, EAGLE on a code prompt: a step took 42 ms redrawn every step, 30 ms redrawn twice a
-# second, 19 ms in a script with no page at all).
+# machine that work lands between the decoder's phases and inflates the very step times the pages show.
 REDRAW_S = 0.5
 
 

@@ -141,8 +141,8 @@ def int8_product(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Ten
 @functools.lru_cache(maxsize=None)
 def int8_ok(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether Dense(int8=True) takes int8 weights there: on the CPU only (on a GPU a draft's products are no
-    bottleneck), with bf16 activations (with fp32 ones ATen's int8 product took 18x the bf16 time and 5x a plain
-    fp32 product, 2 rows x 576 x 4096, AMD EPYC), where this build of torch has the kernel (probed once)."""
+    bottleneck), with bf16 activations (with fp32 ones ATen's int8 product is many times slower than a plain fp32
+    product), where this build of torch has the kernel (probed once)."""
     if device.type != "cpu" or dtype != torch.bfloat16 or not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
         return False
     try:

@@ -353,8 +353,8 @@ def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: st
 
 def settle() -> None:
     """Put what is alive now (the model, its tokenizer, the imported libraries: ~400,000 objects) out of the
-    garbage collector's reach. Its full collections walk every tracked object: one took ~190 ms in the middle of a
-    decode, a third of a 64-token answer, landing on whichever run was going (a plain one or a speculative one).
+    garbage collector's reach. Its full collections walk every tracked object, a pause that lands in the middle of
+    whichever run is going (a plain one or a speculative one) and tilts its timing.
     Frozen objects are still freed by reference counting; only cycles among them are never collected, so the
     cycles there are now are collected first."""
     gc.collect()

@@ -8,8 +8,7 @@ and the cache are bitwise the same with its own loops below off (tests/test_nati
 elementwise stretches (RoPE with the cache writes; RMSNorm's parts around ATen's sum, with the residual add before
 it; SwiGLU through a table of ATen's bf16 silu) and attention's row moves (queries into each key/value head's rows,
 the output back in row order, converted once) are plain loops that compute the same bits (docs/forward.md says why
-they can). Measured on a 2-core
-Xeon: a one-token step 2.7 ms shorter (of ~23.9) with the first loops, ~0.45 ms more with the row moves and SwiGLU.
+they can; it also has their figures).
 The EAGLE head's layer (drafters/eagle_packed._rows), run once per
 tree level, is ported the same way; which nodes a level expands, and when a tree stops, stays in Python
 (drafters/eagle.py's _grow): a port computes, it does not decide.

@@ -2,8 +2,8 @@
 
 The bundled file stores every layer's weights as Q4_1: blocks of 32 along a row, each w = d q + m with d and m fp16
 and q in 0..15 (ggml's format; llama.cpp reads it as is). Loading unpacks them into bf16, rounding d q + m once;
-those bf16 values are the model we run. A one-token step is bound by reading those weights (270 MB a token in bf16,
-~14.5 GB/s on the 2-core Xeon): csrc/span.cpp's 4-bit product reads the blocks instead and unpacks each one into
+those bf16 values are the model we run. A one-token step is bound by reading those weights (270 MB a token in bf16):
+csrc/span.cpp's 4-bit product reads the blocks instead and unpacks each one into
 the very same bf16 values in registers (d q is exact in fp32, so its fused d q + m rounds as the file's mul then
 add does), then multiplies them with fp32 sums on AMX's tiles (or, asked for, AVX-512 BF16 dot products). Each output
 element is one sum in one order whatever rows come with it, so the forward stays batch-invariant; on AMX that order
@@ -14,9 +14,8 @@ where the kernel's own unpacking gives back every bf16 weight bit for bit; the o
 beside them (q4_products(False) switches back, as the bitwise tests do). Without AMX they run on AVX-512 BF16 dot
 products, each row alone, so the forward pads no rows for them (its own order: the bits differ from oneDNN's in a
 few outputs). There the head (the tied embedding, Q8_0 in the file, run as its bf16 values) takes the same dot
-products from its bf16 weights laid out as lines (`attach_head`): nothing to unpack, no rows padded, and it reads
-its 57 MB faster than oneDNN's product did (1.80 against 2.64 ms a row, side by side on the 2-core AMD EPYC); with
-AMX it keeps oneDNN's. See docs/forward.md for the figures.
+products from its bf16 weights laid out as lines (`attach_head`): nothing to unpack, no rows padded, so it reads
+its 57 MB faster than oneDNN's product; with AMX it keeps oneDNN's. See docs/forward.md for the figures.
 """
 from __future__ import annotations
 
@@ -161,8 +160,7 @@ def kernel() -> tuple[str | None, str]:
         return None, "not here (this CPU has no AVX-512 BF16)"
     if native_op("q4_amx")():
         return "amx", ""
-    # without AMX, AVX-512 BF16 dot products: on the 2-core AMD EPYC, the 30 layers' products took 4.4 ms for one
-    # row against oneDNN's 9.1 (padded to 4 rows), 11.6 against 14.8 for 16 (docs/forward.md)
+    # without AMX, AVX-512 BF16 dot products: each row alone, no padding to oneDNN's row blocks (docs/forward.md)
     return "dots", ""
 
 

@@ -78,11 +78,10 @@ def sample(p: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """x [..., V] -> [...] the index of each row's first maximum, exactly torch.argmax's (NaN counts as the
-    largest, as there). On the CPU argmax's kernel is not vectorized over the last dim (measured: 69 us a row of
-    49,152 floats, 407 for twelve rows, against 7 us a row for amax; Intel Xeon with AMX), so csrc/span.cpp's
-    row_argmax runs where native.py builds it (two vector passes a row, the rows over the threads: 56 us for 19 rows
-    of bf16 logits, 2 threads); elsewhere a row is read in blocks: the first block holding the maximum (argmax over
-    the blocks' amax, which propagates NaN as argmax ranks it), then the first maximum inside it (200 us for 19)."""
+    largest, as there). On the CPU argmax's kernel is not vectorized over the last dim (about ten times amax's cost a
+    row), so csrc/span.cpp's row_argmax runs where native.py builds it (two vector passes a row, the rows over the
+    threads); elsewhere a row is read in blocks: the first block holding the maximum (argmax over the blocks' amax,
+    which propagates NaN as argmax ranks it), then the first maximum inside it."""
     if x.device.type == "cpu" and x.dim() > 0 and x.shape[-1] > 0 and x.dtype in (torch.bfloat16, torch.float32):
         row = native_op("row_argmax")   # csrc/span.cpp's two passes a row, the rows over the threads: the same index
         if row is not None:

@@ -6,9 +6,7 @@ that thread exits. Between regions the workers spin for a while, so the next reg
 opens over a hundred regions, so that spinning is much of its speed. But libgomp spins only while the process holds no
 more of its threads than there are CPUs: past that it falls back to sleeping at every barrier. So one idle thread
 that once ran the model and lives on (an app session waiting in line for its next turn) slows every
-other thread's decoding. Measured on a 2-core AMD EPYC (avx512_bf16, no AMX), plain decoding of 48 tokens in one
-thread: 0.44-0.51 s, and 0.80-0.88 s while another thread that had run the model waited idle; 0.46-0.55 s
-once that thread had called `release` (docs/measurements.md).
+other thread's decoding, close to twice as slow (docs/measurements.md has the figures).
 
 `release()` frees the calling thread's team (OpenMP 5.0's omp_pause_resource_all, soft, which libgomp applies to
 the calling thread's own team only: the next region builds a new one, ~0.1 ms). The serving gate (serving/gate.py)
