@@ -9,7 +9,7 @@ length per row; the default) and transformers' own (`hf`, the reference: a growi
   tree_forward(cache, ids, tree)            a candidate tree after the cache (Miao et al., "SpecInfer", 2024)
   keep(cache, start, kept, row)             after a forward appended slots from `start`, keep start + kept
   rows(B, hidden)                           B sequences decoded together: prefill, score (a chain or a tree
-                                            per row), commit, end_step (Rows: ours; Holes: transformers')
+                                            per row), commit, end_step (Rows: ours; MaskedRows: transformers')
   derive(...)                               a network over the target's first layers and an exit
   row_block                                 products run rows in blocks of this many: scoring n slots costs
                                             what scoring n rounded up to a block costs (sizes that fit pay)
@@ -50,9 +50,9 @@ def chain_mask(n: int) -> torch.Tensor:
 NOTHING = Slots([], torch.arange(0), chain_mask(0))   # a row that has finished
 
 
-def of(lm) -> "Ours | Theirs":
+def of(lm) -> "OwnForward | HFForward":
     """The backend that runs `lm`: ours when attach_forward gave it our forward, else transformers'."""
-    return Ours(lm.fwd) if lm.fwd is not None else Theirs.of(lm)
+    return OwnForward(lm.fwd) if lm.fwd is not None else HFForward.of(lm)
 
 
 # ---------------------------------------------------------------- ours
@@ -69,7 +69,7 @@ class Backend:
             self.compact(cache, start, torch.tensor(kept), row)
 
 
-class Ours(Backend):
+class OwnForward(Backend):
     """Our forward (forward.py): rows of a static cache; rollback sets a length, a tree's path is compacted."""
     name = "ours"
 
@@ -133,11 +133,11 @@ class Ours(Backend):
         return got[key]
 
     def derive(self, net, layers: int, layer: torch.nn.Module, norm_w: torch.Tensor, head_w: torch.Tensor,
-               vocab) -> "Ours":
+               vocab) -> "OwnForward":
         """The first `layers` blocks (the target's weights), then `layer`, a norm and a head: an early exit's
         network, its products with int8 weights where the CPU has the kernel (forward.Dense: a draft's few rows
         are bound by the bytes they read; the trunk's are int8 copies of the target's)."""
-        return Ours(self.fwd.derive([b.int8() for b in self.fwd.blocks[:layers]] + [block_of(layer, int8=True)],
+        return OwnForward(self.fwd.derive([b.int8() for b in self.fwd.blocks[:layers]] + [block_of(layer, int8=True)],
                                     norm_w, Dense(head_w, int8=True), vocab))
 
 
@@ -150,7 +150,7 @@ class Rows:
     compacted into place). No padding enters any row's attention, and the forward is batch-invariant, so
     every row's logits are bitwise those it would get decoded alone."""
 
-    def __init__(self, be: Ours, B: int, hidden: bool):
+    def __init__(self, be: OwnForward, B: int, hidden: bool):
         self.be, self.B, self.hidden = be, B, hidden
         self.cache = be.new_cache(B)
 
@@ -224,7 +224,7 @@ def cache_kw(module) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
-class Theirs(Backend):
+class HFForward(Backend):
     """transformers' forward: a DynamicCache that grows by what is run and is cropped (or a tree's path
     compacted) on rollback. `model` (the causal LM) may be None: then `dec` and `head` run it."""
     name = "hf"
@@ -239,7 +239,7 @@ class Theirs(Backend):
         self.dtype, self.device, self.config = dtype, device, config
 
     @classmethod
-    def of(cls, lm) -> "Theirs":
+    def of(cls, lm) -> "HFForward":
         m = lm.model
         return cls(m, m.get_decoder(), lambda h: lm.cut(m.get_output_embeddings()(h).float()), lm.cut, lm.dtype,
                    lm.device, m.config)
@@ -287,17 +287,17 @@ class Theirs(Backend):
         if (drop := cache.get_seq_length() - end) > 0:
             cache.crop(-drop)
 
-    def rows(self, B: int, hidden: bool) -> "Holes":
-        return Holes(self, B, hidden)
+    def rows(self, B: int, hidden: bool) -> "MaskedRows":
+        return MaskedRows(self, B, hidden)
 
     def derive(self, net, layers: int, layer: torch.nn.Module, norm_w: torch.Tensor, head_w: torch.Tensor,
-               vocab) -> "Theirs":
+               vocab) -> "HFForward":
         """`net` (a decoder over the first layers, `layer` and its norm) and the head rows `head_w` (a draft
         vocabulary's, scattered back to the whole one)."""
         def head(h: torch.Tensor) -> torch.Tensor:
             logits = F.linear(h, head_w).float()                                              # [.., v]
             return vocab.scatter(logits) if vocab is not None else logits                     # [.., V]
-        return Theirs(None, net, head, lambda x: x, self.dtype, self.device, net.config)
+        return HFForward(None, net, head, lambda x: x, self.dtype, self.device, net.config)
 
 
 def _mask(valid: torch.Tensor, attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -314,7 +314,7 @@ def _mask(valid: torch.Tensor, attend: torch.Tensor, dtype: torch.dtype) -> torc
     return m.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
-class Holes:
+class MaskedRows:
     """B sequences in one DynamicCache with right-aligned prompts; ragged acceptance leaves *holes* instead of
     re-packing. Each step appends the same number of slots to every row (the longest row's pending token and
     drafts), and a per-row validity mask marks the slots that hold committed tokens: rejected drafts, a tree's
@@ -322,7 +322,7 @@ class Holes:
     own position ids, so every sequence sees exactly its own tokens at their own positions. Slots invalid in
     every row at the tail are cropped after each step."""
 
-    def __init__(self, be: Theirs, B: int, hidden: bool):
+    def __init__(self, be: HFForward, B: int, hidden: bool):
         self.be, self.B, self.hidden = be, B, hidden
         self.cache = be.new_cache()
         self.valid = None                                                       # [B, S] committed slots

@@ -9,7 +9,7 @@ slots after its committed ones, at their own positions, and what it keeps is its
 path is compacted into place). No padding enters any row's attention, and the forward is batch-invariant, so
 every row's logits are bitwise those it would get decoded alone.
 
-With transformers' forward (backend.Holes) ragged acceptance is handled with *holes* instead of re-packing:
+With transformers' forward (backend.MaskedRows) ragged acceptance is handled with *holes* instead of re-packing:
 each step appends the same number of slots L to every row (as many as the longest row's pending token + draft),
 and a per-row validity mask marks the slots that hold committed tokens. Rejected drafts and padding stay in the
 cache but are masked out of every later query, and each row carries its own position ids, so every sequence

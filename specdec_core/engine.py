@@ -76,11 +76,11 @@ def decode(target: LM, drafter: Drafter, prompt: torch.Tensor | list[int], sp: S
     check_prompt(target, prompt, max_new_tokens, k)
     row = Row(0, drafter, torch.Generator(device=target.device).manual_seed(sp.seed), pol, prompt, len(prompt))
     return stream(target, row, sp, max_new_tokens, target.eos_ids if stop_at_eos else set(),
-                  Show(target.tokenizer, detail))
+                  Recorder(target.tokenizer, detail))
 
 
 def stream(target: LM, row: Row, sp: SamplingParams, max_new_tokens: int, eos: set[int],
-           show: "Show") -> Iterator[StepRecord]:
+           show: "Recorder") -> Iterator[StepRecord]:
     """The checked run of `decode`, step by step: step.py's phases on a batch of one, in the target's cache."""
     t0 = clock.now()
     kv = Single(target, row.drafter.reads_hidden)
@@ -95,7 +95,7 @@ def stream(target: LM, row: Row, sp: SamplingParams, max_new_tokens: int, eos: s
             return
 
 
-class Show:
+class Recorder:
     """Turns a verified step into the StepRecord the app animates (pieces of text and top lists on `detail`)."""
 
     def __init__(self, tokenizer, detail: bool):

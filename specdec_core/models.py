@@ -59,7 +59,7 @@ class LM:
         self.n_tokens = token_count(self.tokenizer, rows)
 
     @property
-    def backend(self) -> seam.Ours | seam.Theirs:
+    def backend(self) -> seam.OwnForward | seam.HFForward:
         """The backend running this model now (attach_forward may change it; a light wrapper, made per call)."""
         return seam.of(self)
 

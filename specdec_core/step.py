@@ -11,7 +11,7 @@ written once for the single-sequence loop (engine.py, a batch of one) and the ba
                 but the newest, which is pending for the next step, never a rejected one
   5. feedback - the drafter hears how many of its tokens survived (and, if it reads them, the hidden states)
 
-The cache is a backend's (backend.py): Single for one sequence, Rows or Holes for a batch. Each row draws from
+The cache is a backend's (backend.py): Single for one sequence, Rows or MaskedRows for a batch. Each row draws from
 its own generator, in one order (the drafter's samples, then verification's uniforms and its final draw), so
 what a row gets never depends on the others.
 """

@@ -10,7 +10,7 @@ import pytest
 from app import view
 from app.frames import DRAFT, RESULT, Frame
 from specdec_core import pieces
-from specdec_core.engine import Show
+from specdec_core.engine import Recorder
 from specdec_core.records import Committed, Position, StepRecord
 
 TEXT = "I love 🍕 and 🚀, café ✨ 😀!"
@@ -28,7 +28,7 @@ def visible(html: str) -> str:
     return re.sub(r' title="[^"]*"', "", html)
 
 
-def step(index: int, ids: list[int], origins: list[str], show: Show, drafted=()) -> StepRecord:
+def step(index: int, ids: list[int], origins: list[str], show: Recorder, drafted=()) -> StepRecord:
     pos = [Position(x, show.piece(x), 1.0, 1.0, 1.0, 0.0, v) for x, v in drafted]
     return StepRecord(index=index, drafter="lookup", drafted=[x for x, _ in drafted], positions=pos,
                       n_accepted=sum(v == "accepted" for _, v in drafted), final_token=ids[-1],
@@ -56,7 +56,7 @@ def test_pieces_join_back_to_the_text_and_groups_keep_every_character(tok):
 
 def test_text_so_far_shows_emoji_split_across_steps_and_origins(tok):
     """Each emoji's tokens straddle a step boundary and two origins: one chip each, no "�"."""
-    show = Show(tok, True)
+    show = Recorder(tok, True)
     ids = tok.encode(TEXT)
     a = ids.index(tok.encode(" 🍕")[0]) + 1            # cut inside the pizza's bytes
     recs = [step(0, ids[:a], ["draft"] * (a - 1) + ["bonus"], show),
@@ -75,7 +75,7 @@ def test_text_so_far_shows_emoji_split_across_steps_and_origins(tok):
 
 def test_drafts_of_different_verdicts_are_not_joined(tok):
     """In the context strip a drafted fragment stays its own chip (its bytes) when its neighbour's verdict differs."""
-    show = Show(tok, True)
+    show = Recorder(tok, True)
     e = tok.encode("🚀")
     rec = step(0, [e[0]], ["draft"], show, drafted=[(e[0], "accepted"), (e[1], "rejected")])
     html = view.context_strip("Go", [rec], 0, Frame(RESULT, 2, 2))
@@ -85,7 +85,7 @@ def test_drafts_of_different_verdicts_are_not_joined(tok):
 
 
 def test_a_lone_fragment_in_a_caption_or_label_reads_as_its_bytes(tok):
-    p = Show(tok, True).piece(tok.encode("🚀")[0])
+    p = Recorder(tok, True).piece(tok.encode("🚀")[0])
     assert view.show(p) == "⟨F0 9F⟩" and view.token_label(p) == "⟨F0 9F⟩"   # no ␣ between the bytes
     assert view.show(" " + p) == "␣⟨F0 9F⟩"
 

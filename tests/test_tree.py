@@ -297,7 +297,7 @@ def test_the_record_shows_every_candidate_and_trial_as_the_rule_made_them():
     rejection the residual the next sibling is tested against."""
     from specdec_core import tree_step
     from specdec_core.drafters import Proposal
-    from specdec_core.engine import Show
+    from specdec_core.engine import Recorder
     from specdec_core.sampling import SamplingParams as SP
 
     class Tok:
@@ -311,7 +311,7 @@ def test_the_record_shows_every_candidate_and_trial_as_the_rule_made_them():
         prop = Proposal(toks[1:], tree=tree, conf=[0.5] * (tree.size - 1))
         c = tree_step.verify(p.log(), toks.tolist(), prop, SP(temperature=1.0), torch.Generator().manual_seed(seed))
         v = verify_tree(p, toks, tree, torch.Generator().manual_seed(seed))
-        view = Show(Tok(), detail=True).tree(prop, c.walk)
+        view = Recorder(Tok(), detail=True).tree(prop, c.walk)
         assert view.drafted == len(prop.tokens) == tree.size - 1 and view.path == v.path
         assert [(n.index, n.parent, n.depth, n.rank, n.token) for n in view.nodes] == \
             [(i, int(tree.parent[i]), int(tree.depth[i]), int(tree.rank[i]), int(toks[i])) for i in range(tree.size)]
