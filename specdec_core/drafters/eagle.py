@@ -248,7 +248,7 @@ class Eagle(Drafter):
         else:                                    # the fixed cost of the levels drafted (K nodes, then K * K a level)
             draft_ms = self.draft_ms * (1 + (len(tok) - K) // (K * K)) / self.depth
         prop = self._tree(parent, rank, tok, score, order, self._budget(score, order, draft_ms), ctx)
-        if self.weighed:   # this step's ms: the draft and the score pass of its rows (the tree's)
+        if self.sizing_costs:   # this step's ms: the draft and the score pass of its rows (the tree's)
             self._last = (n, draft_ms + self.costs[min(len(self.costs), -(-prop.tree.size // self.block)) - 1])
         return prop
 
@@ -352,7 +352,7 @@ class Eagle(Drafter):
         return got[key]
 
     @property
-    def weighed(self) -> list[float]:
+    def sizing_costs(self) -> list[float]:
         """The target's costs a tree and its copies weigh: the measured ones where sized, none else (a drafter made
         sized and then set unsized keeps its fixed trees)."""
         return self.costs if self.sized else []
@@ -361,7 +361,7 @@ class Eagle(Drafter):
         """How many drafted nodes to verify: `nodes`, or, sized, policy.tree_budget's count (the nodes'
         cumulative draft probabilities against the target's measured cost of the rows they add)."""
         p = [math.exp(score[i]) for i in order[:self.nodes]]
-        return tree_budget(p, self.nodes, self.block, self.weighed, draft_ms)
+        return tree_budget(p, self.nodes, self.block, self.sizing_costs, draft_ms)
 
     def _tree(self, parent, rank, tok, score, order, budget, ctx: DraftContext) -> Proposal:
         """Keep the `budget` likeliest drafted nodes (prefix-closed), plus what pays of a copied continuation, as
@@ -406,7 +406,7 @@ class Eagle(Drafter):
         rows = len(nodes) + 1
         added = graft(nodes, chain)
         j = copy_budget(self.hits / self.tries, len(chain) - len(added), len(added), rows, self.block,
-                        self.weighed, self.rate)
+                        self.sizing_costs, self.rate)
         for p in added[j:]:
             del nodes[p]
         return j
