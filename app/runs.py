@@ -121,9 +121,13 @@ def available() -> list[str]:
 def measured() -> tuple[str, dict]:
     """(the format regime.choose picks, each format's Cost): every format this machine runs, loaded and timed
     once per server, in turn at the model (nothing else runs while it is timed), by the decoding thread's own CPU
-    time on one thread (clock.cpu_work): the browser that opened the page is busy drawing it meanwhile."""
-    with turns.hold(), clock.cpu_work():
-        _DECIDED["auto"] = out = formats.decide(lambda f: model(BUNDLED, f), available(),
+    time on one thread (clock.cpu_work): the browser that opened the page is busy drawing it meanwhile. Only the
+    passes are timed so; each format loads on all the threads."""
+    def timed(lm: LM) -> formats.Cost:
+        with clock.cpu_work():
+            return formats.measure(lm)
+    with turns.hold():
+        _DECIDED["auto"] = out = formats.decide(lambda f: model(BUNDLED, f), available(), measure_fn=timed,
                                                 default=formats.default_format())
     return out
 

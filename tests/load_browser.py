@@ -5,9 +5,10 @@ prompt and drafter set through the page address. All press Generate together.
 Every page must finish, and the text every page shows must be exactly its own single-session decode: each chip
 of "The text so far" (the token id and text its hover carries, and its visible text) against a plain greedy
 decode of the same prompt by the engine in this process, in the weight format the pages' sidebar names (at
-temperature 0 speculative output equals plain decoding token for token). Reports the time from the click to the finished page (p50, p95), the server's peak
-memory (the RSS of its process and its children, sampled), and, while the others decode, how long a fresh page
-takes to load the app and show its navigation (it must, at least once before the last page finishes).
+temperature 0 speculative output equals plain decoding token for token). Reports the time from the click to the
+finished page (p50, p95), the server's peak memory (the RSS of its process and its children, sampled), and, while
+the others decode, how long a fresh page takes to load the app and show its navigation (it must, at least once
+before the last page finishes).
 
 Everything runs on 127.0.0.1 under one time limit; the server and the browser are shut down however it ends.
 Exits non-zero on any failure.
@@ -104,11 +105,6 @@ def references(cfgs: list[dict], fmt: str) -> list[Expected]:
     gc.collect()
     torch.set_num_threads(1)   # what is left for this process is the browser's driver, not arithmetic
     return out
-
-
-def regime_words() -> list[str]:
-    from specdec_core.bench import regime
-    return list(regime.FORMATS.values())
 
 
 def page_format(line: str) -> str:
@@ -285,8 +281,9 @@ async def open_page(browser, url: str, p: Page, limit_ms: int) -> None:
     if prompt != p.cfg["prompt"] or not summary.startswith(p.cfg["drafter"]) or \
             f"up to {p.cfg['max_new_tokens']} tokens" not in summary or "temperature 0 " not in summary:
         raise RuntimeError(f"page {p.i}: the address did not set its settings (prompt {prompt!r}, {summary!r})")
+    from specdec_core.bench.regime import FORMATS
     weights = p.page.locator('[data-testid="stSidebar"] [data-testid="stCaptionContainer"]').filter(
-        has_text=re.compile("Weights: (" + "|".join(map(re.escape, regime_words())) + ")"))
+        has_text=re.compile("Weights: (" + "|".join(map(re.escape, FORMATS.values())) + ")"))
     await weights.first.wait_for(timeout=limit_ms)
     p.fmt = page_format((await weights.first.inner_text()).strip())
 
