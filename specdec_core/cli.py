@@ -465,7 +465,7 @@ def _threads() -> int:
 
 def _loop(target) -> str:
     """'; C++ layer loop' (TorchScript's, or op by op) for our forward, for a figure's header; '' for transformers'."""
-    from .forward import loop_name
+    from .backend import loop_name
     name = loop_name(target.fwd)
     return f"; {name}" if name else ""
 

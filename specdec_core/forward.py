@@ -46,7 +46,6 @@ The price: a little padding, a gather for tree nodes, and attention over up to B
 """
 from __future__ import annotations
 
-import functools
 import warnings
 from dataclasses import dataclass
 from typing import List, Optional
@@ -71,102 +70,36 @@ class Unsupported(ValueError):
     """This model is outside what our forward covers; the message is the one-line reason."""
 
 
-class Dense:
-    """y = x @ W^T (+ b) with W packed once for oneDNN on the CPU (plain F.linear elsewhere); rows padded.
+class Linear:
+    """y = x @ W^T (+ b), the reference product: rows padded to a multiple of ROWS, and bf16 products in chunks of
+    at most MAX_ROWS rows (the module docstring says why). The fast path's products (fast/packed.py's Dense) take
+    the same rows and compute the same thing from a prepared weight."""
+    rows_alone = False   # True: a product whose rows do not depend on the rows beside it (no padding needed)
 
-    int8=True (a draft's weights, never the target's): W stored in int8 with one scale per output row
-    (symmetric, round to nearest) where `int8_ok`, for an int8 product with the activations in W's dtype
-    (`int8_product`: csrc/span.cpp's kernel wherever native.py builds it, on every path, else ATen's weight-only
-    one): a draft's few rows are bound by the bytes they read, and int8 reads half of bf16's. The rounding
-    moves the draft's logits a little, which can only move acceptance: the exact rule checks every drafted
-    token. That product computes each row alone (a row's bits do not depend on the rows beside it), so a
-    draft stays batch-invariant with it."""
-
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, pack: bool = True, int8: bool = False):
-        self.w, self.b, self.packed, self.s = w, b, None, None   # packed: the prepared weight; s: int8's scales
-        self.q4 = None   # the same bf16 weights as 4-bit tiles (q4.attach: the bundled target's layers), or as the
-        #                  dot products' bf16 lines (q4.attach_head: its head, without AMX)
-        if int8 and int8_ok(w.device, w.dtype):
-            s = w.float().abs().amax(1).clamp_min(1e-12) / 127                              # [N]
-            self.packed = (w.float() / s[:, None]).round_().clamp_(-127, 127).to(torch.int8).contiguous()
-            self.s = s.to(w.dtype)
-        elif pack and w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) \
-                and torch.backends.mkldnn.is_available():
-            try:
-                packed = torch.ops.mkldnn._reorder_linear_weight(w, ROWS)
-                x = w.new_zeros(ROWS, w.shape[1])
-                torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-                self.packed = packed
-            except (RuntimeError, AttributeError):   # a build without these ops: the plain product
-                pass
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """What `weight_product` takes: the prepared weight, or W itself."""
-        return self.w if self.packed is None else self.packed
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None):
+        self.w, self.b = w, b
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.q4 is not None:   # the C++ loop's own dense: the 4-bit kernel, or the packed product where it is off
-            return native_op("dense")(x, self.packed, self.q4, self.b, MAX_ROWS, ROWS)
-        if self.s is not None:   # int8: each row alone, no padding; the C++ loop's kernel where it is built
-            y = int8_product(x, self.packed, self.s)
-            return y if self.b is None else y + self.b
-        return _dense(x, self.weight, self.s, self.b, self.packed is not None, MAX_ROWS, ROWS)
+        return linear_rows(x, self.w, self.b, False, MAX_ROWS, ROWS)
 
-
-def kernels_now() -> tuple:
-    """The switches of csrc/span.cpp that decide which kernels a forward runs now (the 4-bit products, on AMX's
-    tiles or not, the attention loop, on AMX's tiles or not): tests and benches flip them, and each kernel rounds
-    its own way. None where the module is not built."""
-    names = ("q4_products", "q4_amx", "tile_attention", "own_attention")
-    return tuple(None if op is None else op(None) for op in map(native_op, names))
-
-
-@functools.lru_cache(maxsize=None)
-def native_op(name: str):
-    """One of csrc/span.cpp's functions where native.py builds it (and SPECDEC_NATIVE is not 0), else None.
-    Resolved once a process."""
-    from . import native
-    return native.op(name)
-
-
-def int8_product(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """x [m, K] @ (w int8 [N, K] * s)^T in x's dtype: csrc/span.cpp's int8_product where it is built (its own kernel
-    where it fits, else ATen's), which the C++ layer loop also calls, so a draft's products are the same bits on
-    every path; ATen's weight-only int8 product elsewhere."""
-    op = native_op("int8_product")
-    return op(x.contiguous(), w, s) if op is not None else torch.ops.aten._weight_int8pack_mm(x, w, s)
-
-
-@functools.lru_cache(maxsize=None)
-def int8_ok(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether Dense(int8=True) takes int8 weights there: on the CPU only (on a GPU a draft's products are no
-    bottleneck), with bf16 activations (with fp32 ones ATen's int8 product is many times slower than a plain fp32
-    product), where this build of torch has the kernel (probed once)."""
-    if device.type != "cpu" or dtype != torch.bfloat16 or not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
-        return False
-    try:
-        torch.ops.aten._weight_int8pack_mm(torch.zeros(1, 32, dtype=dtype, device=device),
-                                           torch.zeros(8, 32, dtype=torch.int8, device=device),
-                                           torch.ones(8, dtype=dtype, device=device))
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 @dataclass
 class Block:
     """One decoder layer's weights, fused where one matmul can do two (q|k|v, gate|up)."""
     ln1: torch.Tensor                 # [H]
-    qkv: Dense                        # [(Hq + 2 Hkv) D, H], Qwen2's biases included
-    o: Dense                          # [H, Hq D]
+    qkv: "Linear"                     # [(Hq + 2 Hkv) D, H], Qwen2's biases included
+    o: "Linear"                       # [H, Hq D]
     ln2: torch.Tensor                 # [H]
-    gu: Dense                         # [2 I, H]
-    down: Dense                       # [H, I]
+    gu: "Linear"                      # [2 I, H]
+    down: "Linear"                    # [H, I]
 
-    def int8(self) -> "Block":
-        """The same layer with int8 product weights (Dense's int8), for a draft that runs it."""
-        q = lambda d: Dense(d.w, d.b, int8=True)                                         # noqa: E731
+    def products(self) -> tuple:
+        return self.qkv, self.o, self.gu, self.down
+
+    def remade(self, linear) -> "Block":
+        """The same layer with its products made again by `linear(w, b)` (the fast path's int8 copies for a draft)."""
+        q = lambda d: linear(d.w, d.b)                                                    # noqa: E731
         return Block(self.ln1, q(self.qkv), q(self.o), self.ln2, q(self.gu), q(self.down))
 
 
@@ -205,19 +138,19 @@ def _fuse(mods: list) -> tuple[torch.Tensor, torch.Tensor | None]:
     return w, b
 
 
-def block_of(layer, pack: bool = True, int8: bool = False) -> Block:
-    """A transformers Llama/Mistral/Qwen2 decoder layer -> its weights (shared with the module; int8: a draft's,
-    Dense's int8 copies)."""
+def block_of(layer, linear=None) -> Block:
+    """A transformers Llama/Mistral/Qwen2 decoder layer -> its weights (shared with the module), each product made
+    by `linear(w, b)` (default Linear: the reference product)."""
+    linear = linear or Linear
     a, m = layer.self_attn, layer.mlp
     wqkv, bqkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
     wgu, bgu = _fuse([m.gate_proj, m.up_proj])
     if bgu is not None or m.down_proj.bias is not None:
         raise Unsupported("MLP biases (mlp_bias) are not covered")
     bo = None if a.o_proj.bias is None else a.o_proj.bias.detach()
-    return Block(layer.input_layernorm.weight.detach(), Dense(wqkv, bqkv, pack, int8),
-                 Dense(a.o_proj.weight.detach(), bo, pack, int8), layer.post_attention_layernorm.weight.detach(),
-                 Dense(wgu, None, pack, int8),
-                 Dense(m.down_proj.weight.detach(), None, pack, int8))
+    return Block(layer.input_layernorm.weight.detach(), linear(wqkv, bqkv),
+                 linear(a.o_proj.weight.detach(), bo), layer.post_attention_layernorm.weight.detach(),
+                 linear(wgu, None), linear(m.down_proj.weight.detach(), None))
 
 
 def check_arch(config) -> None:
@@ -233,6 +166,18 @@ def check_arch(config) -> None:
     kind = rs.get("rope_type", rs.get("type", "default")) if isinstance(rs, dict) else "default"
     if kind not in ("default", "linear", "llama3"):
         raise Unsupported(f"RoPE scaling {kind!r} (covered: default, linear, llama3)")
+
+
+def grown(t: torch.Tensor, dim: int, rows: int, keep: int) -> torch.Tensor:
+    """t, or a copy with at least `rows` entries along `dim` (doubling, so growth stays rare) whose first `keep`
+    entries are t's."""
+    if rows <= t.shape[dim]:
+        return t
+    shape = list(t.shape)
+    shape[dim] = max(rows, 2 * t.shape[dim])
+    new = t.new_empty(shape)
+    new.narrow(dim, 0, keep).copy_(t.narrow(dim, 0, keep))
+    return new
 
 
 class KVCache:
@@ -293,11 +238,11 @@ class KVCache:
 class Forward:
     """embed -> blocks -> norm -> head over a static KVCache. Tensors in, tensors out; no transformers calls."""
 
-    def __init__(self, embed: torch.Tensor, blocks: list[Block], norm: torch.Tensor | None, head: Dense,
+    def __init__(self, embed: torch.Tensor, blocks: list[Block], norm: torch.Tensor | None, head: "Linear",
                  vocab, n_heads: int, n_kv: int, head_dim: int, eps: float, inv_freq: torch.Tensor,
                  rope_scale: float = 1.0):
         self.embed, self.blocks, self.norm, self.head = embed, blocks, norm, head
-        self.q4_note = ""   # q4.attach: whether the layers' products read 4-bit weights
+        self.q4_note = ""   # whether the layers' products read 4-bit weights (the fast path's q4.attach says)
         self.vocab = vocab   # a drafters.vocab.DraftVocab when the head scores a subset (-inf elsewhere)
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
         self.inv_freq, self.rope_scale = inv_freq.float(), float(rope_scale)
@@ -307,34 +252,19 @@ class Forward:
         self.opening: tuple[int, ...] = ()   # the ids every chat prompt opens with (models.opening_of)
         self._opened = None                  # (the kernels that ran them, their keys and values [2 L, Hkv, P, D],
                                              # their hidden states [P, H])
-        self._scale = torch.tensor([head_dim ** -0.5] * n_heads + [1.0] * n_kv, device=self.device)[:, None]
-        # every product packed (the CPU): the one-row chain runs in _span_layers; its weights, layer by layer
-        self._w = None
-        # a network of int8 products only (a draft model) needs no row padding: they compute each row alone
-        self.pad = 1 if all(d.s is not None for b in blocks for d in (b.qkv, b.o, b.gu, b.down)) \
-            and head.s is not None else ROWS
-        # every product packed: attention in csrc/span.cpp's loop where it is built (_attend), on every path
-        self._packed = all(d.packed is not None for b in blocks for d in (b.qkv, b.o, b.gu, b.down))
-        self.refresh()
-
-    def refresh(self) -> None:
-        """The one-row loop's weight lists, from the blocks' Dense (again after q4.attach gives them 4-bit tiles:
-        a tile array rides in the scale slot, where the C++ loop's dense takes it and _dense ignores it)."""
-        blocks = self.blocks
-        if self._packed:
-            self._w = ([b.ln1 for b in blocks], [b.qkv.packed for b in blocks], [b.qkv.b for b in blocks],
-                       [b.o.packed for b in blocks], [b.o.b for b in blocks], [b.ln2 for b in blocks],
-                       [b.gu.packed for b in blocks], [b.down.packed for b in blocks],
-                       [[d.s if d.s is not None else d.q4 for d in (b.qkv, b.o, b.gu, b.down)] for b in blocks])
+        self.qk_scale = torch.tensor([head_dim ** -0.5] * n_heads + [1.0] * n_kv, device=self.device)[:, None]
+        # a network whose products all compute each row alone (the fast path's int8, a draft model's) needs no
+        # row padding
+        self.pad = 1 if all(d.rows_alone for b in blocks for d in b.products()) and head.rows_alone else ROWS
+        # the fast path, where backend.py attaches one (fast/loop.py's Loop): it may run the one-row layer loop
+        # and attention with its own kernels, the same ops computing the same bits; None: this file alone
+        self.fast = None
 
     @classmethod
-    def from_model(cls, model, head: torch.Tensor | None = None, vocab=None, pack: bool = True,
-                   int8: bool = False) -> "Forward":
+    def from_model(cls, model, head: torch.Tensor | None = None, vocab=None, linear=None) -> "Forward":
         """From a transformers causal LM: its embedding, decoder layers, final norm and head weight
-        (default its LM head's; `vocab` when the head holds only a draft vocabulary's rows). `pack=False`
-        keeps torch's plain products: then, in fp32, the logits equal transformers' eager forward bit for
-        bit (oneDNN's packed products sum in another order: equal to about 1e-4). int8: a draft model's
-        products with int8 weights (Dense)."""
+        (default its LM head's; `vocab` when the head holds only a draft vocabulary's rows), each product made by
+        `linear(w, b)` (default Linear: then, in fp32, the logits equal transformers' eager forward bit for bit)."""
         check_arch(model.config)
         inner = model.get_decoder()
         rot = getattr(inner, "rotary_emb", None)
@@ -344,12 +274,12 @@ class Forward:
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         head = model.get_output_embeddings().weight.detach() if head is None else head
         emb = inner.get_input_embeddings().weight.detach()
-        return cls(emb, [block_of(l, pack, int8) for l in inner.layers], inner.norm.weight.detach(),
-                   Dense(head, None, pack, int8),
+        linear = linear or Linear
+        return cls(emb, [block_of(l, linear) for l in inner.layers], inner.norm.weight.detach(), linear(head, None),
                    vocab, cfg.num_attention_heads, cfg.num_key_value_heads, hd, cfg.rms_norm_eps,
                    rot.inv_freq.to(emb.device), getattr(rot, "attention_scaling", 1.0))
 
-    def derive(self, blocks: list[Block], norm: torch.Tensor | None, head: Dense, vocab=None) -> "Forward":
+    def derive(self, blocks: list[Block], norm: torch.Tensor | None, head: "Linear", vocab=None) -> "Forward":
         """Another network over this one's embedding and rotary table: an early exit's shared trunk and exit."""
         f = Forward(self.embed, blocks, norm, head, vocab, self.n_heads, self.n_kv, self.head_dim, self.eps,
                     self.inv_freq, self.rope_scale)
@@ -382,7 +312,8 @@ class Forward:
         P = len(self.opening)
         if not P or len(ids) <= P or tuple(ids[:P]) != self.opening:
             return None
-        key = (kernels_now(), self.kv_dtype())   # a switched kernel rounds its own way: run the opening again
+        # a switched kernel rounds its own way: run the opening again
+        key = (self.fast.kernels() if self.fast is not None else None, self.kv_dtype())
         if self._opened is None or self._opened[0] != key:
             c = self.new_cache(1, P)
             _, h = self(torch.tensor(self.opening), [0] * P, torch.arange(P), c, out_rows=torch.tensor([P - 1]),
@@ -398,15 +329,11 @@ class Forward:
         return KVCache(len(self.blocks), batch, self.n_kv, self.head_dim, self.kv_dtype(), self.device, capacity)
 
     def kv_dtype(self) -> torch.dtype:
-        """The cache's dtype: on the CPU fp32 (attention runs in fp32 and reads it without a conversion), but bf16
-        where a bf16 model's attention runs on AMX's tiles (csrc/span.cpp's attend_tiles reads keys and values as
-        bf16: half the bytes a step, and the same bits as from an fp32 cache); elsewhere the model's dtype."""
+        """The cache's dtype: on the CPU fp32 (attention runs in fp32 and reads it without a conversion), unless the
+        fast path's attention reads another with the same bits; elsewhere the model's dtype."""
         if self.device.type != "cpu":
             return self.dtype
-        tiles = native_op("tile_attention")
-        if self._packed and self.dtype == torch.bfloat16 and tiles is not None and tiles():
-            return torch.bfloat16
-        return torch.float32
+        return self.fast.kv_dtype() if self.fast is not None else torch.float32
 
     # -- pieces
 
@@ -420,10 +347,10 @@ class Forward:
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [N, h, D] fp32 rotated by its position's angles (the half-split layout transformers uses):
         [a, b] -> [a cos - b sin, b cos + a sin], with cos = [c, c] and sin = [-s, s] from the table."""
-        return _rotate(x, cos, sin)
+        return rotate(x, cos, sin)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(x, w, self.eps)
+        return rms_norm(x, w, self.eps)
 
     # -- the plan: which queries attend over which key slots, computed once per call for all layers
 
@@ -467,12 +394,10 @@ class Forward:
         N, Hq, D = q.shape
         Hkv, G = self.n_kv, Hq // self.n_kv
         kc, vc = cache.k[l], cache.v[l]
-        # with packed products (one-row calls in the C++ loop), csrc/span.cpp's attention loop, as that loop runs
-        # it: the same bits a query. Plain products keep ATen's (transformers' eager forward, bit for bit)
-        if self._packed and native_op("attend_chain") is not None:
-            out = q.new_zeros(N, Hq * D)
-            if _attend_own(q, kc, vc, groups, out, self.dtype == torch.bfloat16):
-                return out
+        # the fast path's attention where it runs one (as its layer loop runs it: the same bits a query)
+        out = self.fast.attend(q, kc, vc, groups) if self.fast is not None else None
+        if out is not None:
+            return out
         out = None if whole and n_real == N else q.new_zeros(N, Hq, D)
         for kind, S, r, idx, aux, bias, span in groups:   # aux: chains' real-query mask, trees' TreePlan
             if kind == "chain" and span is not None:
@@ -559,7 +484,7 @@ class Forward:
                         not scores_ok)
 
     def _tree_attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, plan: "TreePlan") -> torch.Tensor:
-        return _tree_attention(q, kc, vc, self.n_kv, plan.S, plan.Sk, plan.base, plan.gather, plan.bias, plan.inv,
+        return tree_attention(q, kc, vc, self.n_kv, plan.S, plan.Sk, plan.base, plan.gather, plan.bias, plan.inv,
                                plan.slow, plan.slow_gather, plan.rescore, ROWS)
 
     # -- the forward
@@ -590,76 +515,18 @@ class Forward:
             ids = torch.cat([ids, ids.new_zeros(Np - N)])
             pos = torch.cat([pos, pos[:1].expand(Np - N)])
         cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]                       # [Np, 1, D]
-        Hq, Hkv, D = self.n_heads, self.n_kv, self.head_dim
-        scale = self._scale                                                               # q pre-scaled, k not
+        scale = self.qk_scale                                                               # q pre-scaled, k not
         x = self.embed[ids]                                                               # [Np, H]
-        if self._w is not None and one and all(g[6] is not None or g[0] == "tree" for g in groups):
-            # one row, consecutive slots (a decode step, a chain verify, a tree, a prefill, a draft model's
-            # step): the same ops in the same order, run by TorchScript's interpreter instead of Python
-            ch, tr = [g for g in groups if g[0] == "chain"], [g[4] for g in groups if g[0] == "tree"]
-            x = span_layers()(x, cos, sin, scale, [g[5] for g in ch], [g[6][1] for g in ch], [g[6][2] for g in ch],
-                             [g[1] for g in ch], *self._w, cache.k, cache.v, r0, s0, N, Hq, Hkv, D, self.eps,
-                             MAX_ROWS, [g[3] for g in groups if g[0] == "tree"], [t.S for t in tr],
-                             [t.Sk for t in tr], [t.base for t in tr], [t.gather for t in tr], [t.bias for t in tr],
-                             [t.inv for t in tr],
-                             [t.slow for t in tr], [t.slow_gather for t in tr], [t.rescore for t in tr],
-                             [t.first for t in tr], ROWS)
-        else:
-            x = self._layers(x, N, cos, sin, scale, cache, groups, whole, one, rows_t, slots, r0, s0)
+        # one row, consecutive slots (a decode step, a chain verify, a tree, a prefill): the fast path may run the
+        # same ops in the same order as one loop (fast/loop.py); else, and always without it, op by op
+        y = self.fast.layers(x, cos, sin, groups, cache, r0, s0, N) if self.fast is not None and one else None
+        x = y if y is not None else self._layers(x, N, cos, sin, scale, cache, groups, whole, one, rows_t, slots,
+                                                 r0, s0)
         h = self._rms(x[:N], self.norm) if self.norm is not None else x[:N]
         hs = h if out_rows is None else h[out_rows.to(dev)]
         logits = self.head(hs).float()
         logits = self.vocab.scatter(logits) if self.vocab is not None else logits
         return (logits, h) if hidden else logits
-
-
-def _attend_own(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, groups, out: torch.Tensor, half: bool) -> bool:
-    """Forward._attend's groups through csrc/span.cpp's attention loop, into out [N, Hq D] fp32: chains row by row
-    (their real queries), trees per row. -> False where the loop does not fit (nothing written that counts)."""
-    chain, tree = native_op("attend_chain"), native_op("attend_tree")
-    for kind, S, r, idx, aux, bias, span in groups:
-        if kind == "chain" and span is not None:
-            row, a, n = span
-            qs = list(range(a, a + n))
-            if not chain(q, kc[row], vc[row], bias[0, 0], S, qs, out, qs, half):
-                return False
-        elif kind == "chain":
-            rs = list(range(r.start, r.stop)) if isinstance(r, slice) else r.tolist()
-            n = idx.shape[1]
-            real = aux.view(-1, n).sum(1).tolist()
-            for i, (row, qi) in enumerate(zip(rs, idx.tolist())):
-                qs = qi[:real[i]]                          # the padding repeats a real query at the end
-                if not chain(q, kc[row], vc[row], bias[i, 0], S, qs, out, qs, half):
-                    return False
-        else:
-            qs = idx.tolist()
-            if not tree(q, kc[r], vc[r], aux.gather, aux.bias, aux.base, qs, out, qs, half):
-                return False
-    return True
-
-
-def loop_name(f: "Forward | None") -> str:
-    """Which loop runs our forward's one-row calls, for a figure's header: C++, TorchScript, or op by op (products
-    not packed: no oneDNN, a GPU); '' for transformers' forward (f None)."""
-    if f is None:
-        return ""
-    if f._w is None:
-        return "op-by-op layer loop"
-    if span_layers() is _span_layers:
-        return "TorchScript layer loop"
-    return "C++ layer loop, 4-bit products" if reads_q4(f) else "C++ layer loop"
-
-
-def reads_q4(f: "Forward | None") -> bool:
-    """Whether f's layer products read 4-bit tiles now (q4.attach gave them; q4_products on)."""
-    on = native_op("q4_products")
-    return f is not None and any(b.qkv.q4 is not None for b in f.blocks) and on is not None and on()
-
-
-def span_layers():
-    """The one-row layer loop: native.py's C++ build of _span_layers where this machine has one (the same ATen
-    ops, so the same bits, without the interpreter), else the TorchScript function. Resolved once a process."""
-    return native_op("span_layers") or _span_layers
 
 
 _IN_PLACE: dict = {}
@@ -733,8 +600,8 @@ def mask_bias(see: torch.Tensor) -> torch.Tensor:
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T + bias) v over the last two dims, fp32: q [.., R, D] (pre-scaled), k, v [.., S, D],
-    bias [.., R', S] (mask_bias) with R' = R padded to a multiple of ROWS (_attention_rows)."""
-    return _attention_rows(q, k, v, bias, ROWS)
+    bias [.., R', S] (mask_bias) with R' = R padded to a multiple of ROWS (attention_rows)."""
+    return attention_rows(q, k, v, bias, ROWS)
 
 
 @scripted
@@ -749,14 +616,14 @@ def _pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 @scripted
-def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm in fp32, back to x's dtype, then the weight (transformers' LlamaRMSNorm, op for op)."""
     xf = x.float()
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 @scripted
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, h, D] fp32 rotated by its position's angles (the half-split layout transformers uses):
     [a, b] -> [a cos - b sin, b cos + a sin], with cos = [c, c] and sin = [-s, s] from the table."""
     h = x.shape[-1] // 2
@@ -764,7 +631,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 @scripted
-def _attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, rows: int) -> torch.Tensor:
+def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, rows: int) -> torch.Tensor:
     """softmax(q k^T + bias) v over the last two dims, fp32: q [.., R, D] (pre-scaled), k, v [.., S, D],
     bias [.., R', S] (mask_bias) with R' = R padded to a multiple of rows."""
     R = q.shape[-2]
@@ -773,7 +640,7 @@ def _attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
 
 
 @scripted
-def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: int, S: int, Sk: int, base: int,
+def tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: int, S: int, Sk: int, base: int,
                     gather: torch.Tensor, bias: torch.Tensor, inv: Optional[torch.Tensor],
                     slow: Optional[torch.Tensor], slow_gather: Optional[torch.Tensor], rescore: bool,
                     rows: int) -> torch.Tensor:
@@ -826,88 +693,25 @@ def _tree_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, Hkv: in
 
 
 @scripted
-def weight_product(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], packed: bool) -> torch.Tensor:
-    """x @ W^T in W's dtype: W int8 with row scales s, oneDNN-packed, or plain (Dense.weight, Dense.s)."""
-    if s is not None:
-        return torch.ops.aten._weight_int8pack_mm(x, w, s)
+def matmul_wt(x: torch.Tensor, w: torch.Tensor, packed: bool) -> torch.Tensor:
     if packed:
         return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
     return torch.nn.functional.linear(x, w)
 
 
 @scripted
-def _dense(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: Optional[torch.Tensor], packed: bool,
-           max_rows: int, rows: int) -> torch.Tensor:
-    """y = x @ W^T (+ b), W int8, packed for oneDNN or plain: rows padded to a multiple of `rows`, and bf16
-    products in chunks of at most max_rows rows (Dense's docstring and the module's say why); int8 products
-    as they come."""
+def linear_rows(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], packed: bool, max_rows: int,
+                rows: int) -> torch.Tensor:
+    """y = x @ W^T (+ b), W plain or prepared once in oneDNN's blocked layout (`packed`: the fast path's Dense):
+    rows padded to a multiple of `rows`, bf16 products in chunks of at most max_rows rows; the bias added after."""
     n = x.shape[0]
-    if s is not None and s.dtype == torch.uint8:   # 4-bit tiles (q4.py): only the C++ loop's dense runs them
-        s = None
-    if s is not None:   # int8: the product computes each row alone, padded or not (Dense)
-        y = weight_product(x, w, s, packed)
-    elif n > max_rows and x.dtype != torch.float32:
+    if n > max_rows and x.dtype != torch.float32:
         parts: List[torch.Tensor] = []
         for i in range(0, n, max_rows):
             xi = x[i:i + max_rows]
-            parts.append(weight_product(_pad_to(xi, rows), w, s, packed)[:xi.shape[0]])
+            parts.append(matmul_wt(_pad_to(xi, rows), w, packed)[:xi.shape[0]])
         y = torch.cat(parts)
     else:
-        y = weight_product(_pad_to(x, rows), w, s, packed)[:n]
+        y = matmul_wt(_pad_to(x, rows), w, packed)[:n]
     return y if b is None else y + b
 
-
-@scripted
-def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: torch.Tensor,
-                 biases: List[torch.Tensor], starts: List[int], counts: List[int], key_lens: List[int],
-                 ln1: List[torch.Tensor], qkv_w: List[torch.Tensor], qkv_b: List[Optional[torch.Tensor]],
-                 o_w: List[torch.Tensor], o_b: List[Optional[torch.Tensor]], ln2: List[torch.Tensor],
-                 gu_w: List[torch.Tensor], down_w: List[torch.Tensor], sc: List[List[Optional[torch.Tensor]]],
-                 ks: List[torch.Tensor],
-                 vs: List[torch.Tensor], row: int, s0: int, N: int, Hq: int, Hkv: int, D: int, eps: float,
-                 max_rows: int, t_idx: List[torch.Tensor], t_S: List[int], t_Sk: List[int], t_base: List[int],
-                 t_gather: List[torch.Tensor], t_bias: List[torch.Tensor], t_inv: List[Optional[torch.Tensor]],
-                 t_slow: List[Optional[torch.Tensor]], t_slow_gather: List[Optional[torch.Tensor]],
-                 t_rescore: List[bool], t_first: List[int], rows: int) -> torch.Tensor:
-    """Forward._layers for one row whose N tokens take consecutive slots from s0: chain groups, each a span of
-    queries [start, start + count) over key_lens slots (slot == position), and tree groups (t_*: a TreePlan's
-    fields, the nodes t_idx, consecutive from t_first or -1), the same ops in the same order (so the same bits),
-    with no Python between them. sc[l]: layer l's int8 row scales of qkv, o, gate|up and down (Dense.s; None
-    where a product is not int8: always, for a target).
-    x [Np, H] embedded, padded to a multiple of ROWS."""
-    Np = x.shape[0]
-    G = Hq // Hkv
-    for l in range(len(ln1)):
-        qkv = _dense(_rms_norm(x, ln1[l], eps), qkv_w[l], sc[l][0], qkv_b[l], True, max_rows, rows)  # [Np, ..]
-        qk = _rotate(qkv[:, :(Hq + Hkv) * D].float().view(Np, Hq + Hkv, D), cos, sin) * scale
-        ks[l][row, :, s0:s0 + N] = qk[:N, Hq:].transpose(0, 1)
-        vs[l][row, :, s0:s0 + N] = qkv[:N, (Hq + Hkv) * D:].view(N, Hkv, D).transpose(0, 1)
-        out = torch.zeros(0)
-        if len(starts) + len(t_idx) > 1 or N != Np:
-            out = qk.new_zeros(Np, Hq, D)
-        for j in range(len(starts)):
-            a, n, S = starts[j], counts[j], key_lens[j]
-            k, v = ks[l][row, :, :S].float(), vs[l][row, :, :S].float()                 # [Hkv, S, D]
-            q = qk[a:a + n, :Hq].view(n, Hkv, G, D).permute(1, 2, 0, 3).reshape(1, Hkv, G * n, D)
-            o = _attention_rows(q, k[None], v[None], biases[j], rows)                     # [1, Hkv, G n, D]
-            o = o.view(Hkv, G, n, D).permute(2, 0, 1, 3).reshape(n, Hq, D)
-            if out.dim() == 1:
-                out = o
-            else:
-                out[a:a + n] = o
-        for j in range(len(t_idx)):
-            a, n = t_first[j], t_idx[j].shape[0]        # a >= 0: the nodes are queries a .. a + n - 1 (slices)
-            o = _tree_attention(qk[a:a + n, :Hq] if a >= 0 else qk[t_idx[j], :Hq], ks[l][row], vs[l][row], Hkv,
-                                t_S[j], t_Sk[j], t_base[j], t_gather[j], t_bias[j], t_inv[j], t_slow[j],
-                                t_slow_gather[j], t_rescore[j], rows)
-            if out.dim() == 1:
-                out = o
-            elif a >= 0:
-                out[a:a + n] = o
-            else:
-                out[t_idx[j]] = o
-        att = out.reshape(Np, Hq * D).to(x.dtype)
-        x = x + _dense(att, o_w[l], sc[l][1], o_b[l], True, max_rows, rows)
-        gu = _dense(_rms_norm(x, ln2[l], eps), gu_w[l], sc[l][2], None, True, max_rows, rows).chunk(2, -1)  # [Np, I]
-        x = x + _dense(torch.nn.functional.silu(gu[0]) * gu[1], down_w[l], sc[l][3], None, True, max_rows, rows)
-    return x

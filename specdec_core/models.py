@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from . import backend as seam
-from . import q4
 from .backend import cache_kw
 from .forward import Forward, Unsupported
 
@@ -146,8 +145,9 @@ def token_count(tokenizer, rows: int) -> int:
 
 
 def attach_forward(lm: LM, forward: str = "ours", q4_from: Path | None = None, **kw) -> LM:
-    """Give `lm` our forward (kw go to Forward.from_model), or record why transformers' runs instead. q4_from: the
-    GGUF file whose 4-bit blocks its layer products may read (q4.attach: the bundled model's)."""
+    """Give `lm` our forward (kw go to backend.forward_of: a head, a draft's int8 products), or record why
+    transformers' runs instead. q4_from: the GGUF file whose 4-bit blocks its layer products may read (the bundled
+    model's)."""
     if forward not in FORWARDS:
         raise ModelError(f"unknown forward {forward!r}; use one of {', '.join(FORWARDS)}")
     lm.fwd, lm.fallback = None, ""
@@ -155,9 +155,7 @@ def attach_forward(lm: LM, forward: str = "ours", q4_from: Path | None = None, *
         kw["head"] = lm.model.get_output_embeddings().weight.detach()[:lm.n_tokens]
     if forward == "ours":
         try:
-            lm.fwd = Forward.from_model(lm.model, **kw)
-            if q4_from is not None:
-                lm.fwd.q4_note = q4.attach(lm.fwd, q4_from)
+            lm.fwd = seam.forward_of(lm.model, q4_from=q4_from, **kw)
             lm.fwd.opening = opening_of(lm)
         except Unsupported as e:
             lm.fallback = f"{lm.name}: our forward does not cover it ({e}); running transformers' forward"
@@ -313,7 +311,7 @@ def local_dir(spec: str, timeout: float = 5.0) -> Path:
 def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: str | None = None,
          forward: str = "ours", q4_blocks: bool = True) -> LM:
     """Load `bundled`, a local directory, or a hub id (safetensors only, no remote code), with `forward`
-    ("ours" or "hf") running it; the bundled model's layers read its file's 4-bit blocks where q4.kernel() runs
+    ("ours" or "hf") running it; the bundled model's layers read its file's 4-bit blocks where the 4-bit kernel runs
     here, unless `q4_blocks` is False (its dense bf16 weights then, as with SPECDEC_Q4=0)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if forward not in FORWARDS:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, asdict
 import torch
 
 from .errors import InputError   # raised here; re-exported, so `from .sampling import InputError` keeps working
-from .forward import native_op
 
 MAX_TEMPERATURE = 5.0
 MIN_TEMPERATURE = 0.01   # below this, logits / T overflow float32 into NaN; 0 itself is greedy
@@ -78,14 +77,9 @@ def sample(p: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """x [..., V] -> [...] the index of each row's first maximum, exactly torch.argmax's (NaN counts as the
-    largest, as there). On the CPU argmax's kernel is not vectorized over the last dim (about ten times amax's cost a
-    row), so csrc/span.cpp's row_argmax runs where native.py builds it (two vector passes a row, the rows over the
-    threads); elsewhere a row is read in blocks: the first block holding the maximum (argmax over the blocks' amax,
-    which propagates NaN as argmax ranks it), then the first maximum inside it."""
-    if x.device.type == "cpu" and x.dim() > 0 and x.shape[-1] > 0 and x.dtype in (torch.bfloat16, torch.float32):
-        row = native_op("row_argmax")   # csrc/span.cpp's two passes a row, the rows over the threads: the same index
-        if row is not None:
-            return row(x.reshape(-1, x.shape[-1]).contiguous()).reshape(x.shape[:-1])
+    largest, as there). On the CPU argmax's kernel is not vectorized over the last dim (many times amax's cost a
+    row), so a row is read in blocks: the first block holding the maximum (argmax over the blocks' amax, which
+    propagates NaN as argmax ranks it), then the first maximum inside it."""
     B = _block(x.shape[-1]) if x.device.type == "cpu" and x.dim() > 0 else 0
     if not B:
         return x.argmax(-1) if x.dim() else x.argmax()

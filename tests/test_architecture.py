@@ -15,7 +15,8 @@ DOC = ROOT / "docs" / "architecture.md"
 
 # room -> the rooms it may import (itself included)
 ALLOWED = {
-    "decoding": {"decoding"},
+    "decoding": {"decoding", "fast"},   # backend.py only (test_only_the_backend_opens_the_fast_path)
+    "fast": {"fast", "decoding"},
     "training": {"training", "decoding", "bench"},
     "bench": {"bench", "decoding"},
     "serving": {"serving", "decoding", "bench"},   # peer and live-server figures use bench's measuring rule
@@ -40,7 +41,7 @@ def room(mod: str) -> str:
     parts = mod.split(".")
     if parts[0] in ("app", "pages"):
         return parts[0]
-    if len(parts) > 1 and parts[1] in ("training", "bench", "serving"):
+    if len(parts) > 1 and parts[1] in ("training", "bench", "serving", "fast"):
         return parts[1]
     if mod in ("specdec_core.cli", "specdec_core.__main__"):
         return "cli"
@@ -93,6 +94,32 @@ def test_rooms_import_only_downwards():
     _, g = graph()
     bad = [(a, b) for a, deps in g.items() for b, _, _ in deps if room(b) not in ALLOWED[room(a)]]
     assert not bad, f"imports against the house plan: {bad}"
+
+
+DOOR = "specdec_core.backend"
+
+
+def test_only_the_backend_opens_the_fast_path():
+    """The lesson's code reads without the fast path: no module outside specdec_core/fast imports it, but backend.py,
+    the one door (which hands out the fast versions and runs the reference with SPECDEC_FAST=0)."""
+    _, g = graph()
+    bad = sorted({(a, b) for a, deps in g.items() for b, _, _ in deps
+                  if room(b) == "fast" and room(a) != "fast" and a != DOOR})
+    assert not bad, f"the fast path opened outside backend.py: {bad}"
+    assert any(room(b) == "fast" for b, _, _ in g[DOOR])   # the door is where the fast path is chosen
+
+
+def test_the_fast_path_check_sees_an_import():
+    known = {"specdec_core.sampling", "specdec_core.fast.packed", "specdec_core.fast"}
+    src = "from .fast.packed import native_op\n"
+    path = ROOT / "runs" / "_probe_sampling.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(src)
+    try:
+        got = imports("specdec_core.sampling", path, known)
+    finally:
+        path.unlink()
+    assert [(b, room(b)) for b, _, _ in got] == [("specdec_core.fast.packed", "fast")]
 
 
 def test_engine_imports_no_streamlit():
@@ -360,9 +387,9 @@ if __name__ == "__main__":
 # csrc/span.cpp's entries, each a computation a Python function also writes (bit for bit, tests/test_native.py,
 # tests/test_q4.py) or a switch and probe of the kernels: none decides what a drafter drafts or when it stops
 NATIVE_ENTRIES = {
-    "span_layers": "forward._span_layers", "eagle_rows": "drafters/eagle_packed._rows",
-    "int8_product": "drafters/packed.mm's int8 product", "row_argmax": "torch.argmax per row",
-    "draft_top": "topk of log_softmax", "dense": "forward.Dense's product", "q4_products": "q4's products",
+    "span_layers": "fast/loop._span_layers", "eagle_rows": "fast/eagle_packed._rows",
+    "int8_product": "fast/packed.mm's int8 product",
+    "draft_top": "topk of log_softmax", "dense": "fast/packed.Dense's product", "q4_products": "q4's products",
     "q4_lines": "q4's unpacking", "attend_chain": "Forward._attend (chains)", "attend_tree": "Forward._attend (trees)",
     "own_attention": "switch", "tile_attention": "switch", "int8_amx": "switch", "q4_amx": "switch",
     "draft_loops": "switch", "draft_loops_fit": "probe",
@@ -370,7 +397,7 @@ NATIVE_ENTRIES = {
 
 
 def test_the_native_module_computes_and_decides_nothing():
-    src = (ROOT / "specdec_core" / "csrc" / "span.cpp").read_text()
+    src = (ROOT / "specdec_core" / "fast" / "csrc" / "span.cpp").read_text()
     bound = set(re.findall(r'm\.def\("(\w+)"', src))
     assert bound == set(NATIVE_ENTRIES), ("a C++ entry came or went: name the Python it computes, bit for bit, "
                                           f"in NATIVE_ENTRIES (new: {bound - set(NATIVE_ENTRIES)}, "

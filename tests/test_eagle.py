@@ -17,7 +17,7 @@ import torch
 from specdec_core import SamplingParams, engine, load
 from specdec_core.drafters import DraftContext, DrafterUnavailable, make
 from specdec_core.drafters.eagle import MANIFEST, WEIGHTS, Eagle, Head
-from specdec_core.drafters.eagle_packed import PackedHead
+from specdec_core.forward import mask_bias
 from specdec_core.models import LM, attach_forward
 from specdec_core.training.eagle import crops, sequences, unrolled
 from tests.eagle_ref import ModuleStep
@@ -54,8 +54,8 @@ def test_tree_is_prefix_closed_ranked_and_within_k(one_thread):
         assert 1 <= tree.max_depth <= min(k, 4) and tree.size - 1 == len(prop.tokens) <= 10
         assert all(len(p) == 1 or p[:-1] in tree.paths for p in tree.paths)
         # depth 1 holds the root step's best tokens, in rank order: the root read after the prompt's rows
-        _, logits = d.fast(h, torch.tensor(prompt[1:]), torch.arange(1, n + 1),
-                           PackedHead.bias(torch.ones(n, n, dtype=torch.bool).tril()), d.fast.scratch(n), last=1)
+        _, logits = d.rows(h, torch.tensor(prompt[1:]), torch.arange(1, n + 1),
+                           mask_bias(torch.ones(n, n, dtype=torch.bool).tril()), d.rows.scratch(n), last=1)
         best = torch.topk(logits[0], 3).indices.tolist()
         first = [int(prop.tokens[i]) for i, p in enumerate(tree.paths) if len(p) == 1]
         assert first == [best[p[0]] for p in tree.paths if len(p) == 1]
@@ -76,7 +76,7 @@ def test_features_from_mid_sequence_start_the_heads_cache_there(one_thread):
     d.observe(h[-1], n)
     prop = d.propose(_ctx(prompt, 2))
     assert d.kv.n == 1                                 # the root's row only
-    _, logits = d.fast(h[-1:], torch.tensor([prompt[-1]]), n, torch.zeros(1, 1), d.fast.scratch(1))
+    _, logits = d.rows(h[-1:], torch.tensor([prompt[-1]]), n, torch.zeros(1, 1), d.rows.scratch(1))
     best = torch.topk(logits[0], 3).indices.tolist()
     assert [int(prop.tokens[i]) for i, p in enumerate(prop.tree.paths) if len(p) == 1] == \
         [best[p[0]] for p in prop.tree.paths if len(p) == 1]
@@ -100,15 +100,15 @@ def test_packed_head_computes_the_module(one_thread):
     the tree rows dropped and a second tree: fp32 features and logits agree with Head.forward to ~1e-5."""
     tgt = tiny_lm(1, layers=1)
     d = Eagle(tgt, _random_head(tgt, 4), manifest={}, depth=3, topk=3, nodes=8, int8=False)   # its products exact
-    assert d.fast.dtype == torch.float32 and d.fast.qkv.w.shape[0] == d.head.q.out_features + 2 * d.head.k.out_features
+    assert d.rows.dtype == torch.float32 and d.rows.qkv.w.shape[0] == d.head.q.out_features + 2 * d.head.k.out_features
     ref = ModuleStep(d)
     torch.manual_seed(0)
     f0, f1, f2 = torch.randn(4, 32), torch.randn(3, 32), torch.randn(2, 32)
-    causal = PackedHead.bias(torch.ones(4, 4, dtype=torch.bool).tril())
-    branch = PackedHead.bias(torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool))
+    causal = mask_bias(torch.ones(4, 4, dtype=torch.bool).tril())
+    branch = mask_bias(torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool))
     with torch.inference_mode():
         outs = []
-        for step in (d.fast, ref):
+        for step in (d.rows, ref):
             kv = step.scratch(2)                       # grows as rows come
             a = step(f0, torch.tensor([5, 1, 7, 2]), torch.arange(1, 5), causal, kv, last=1)
             b = step(f1, torch.tensor([1, 2, 3]), 5, branch, kv)
@@ -128,7 +128,7 @@ def test_packed_drafting_proposes_the_module_trees(one_thread):
     head = _random_head(tgt, 5)
     fast = Eagle(tgt, head, manifest={}, depth=4, topk=3, nodes=10, int8=False)
     slow = Eagle(tgt, head, manifest={}, depth=4, topk=3, nodes=10)
-    slow.fast = ModuleStep(slow)
+    slow.rows = ModuleStep(slow)
     seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]
     _, hs = tgt.forward(torch.tensor(seq), tgt.new_cache(), hidden=True)
     shapes = set()
@@ -311,13 +311,13 @@ def test_training_crops_and_unrolling_match_drafting(one_thread):
     for p in range(P):
         for t in range(p, 9):                           # crop row t = position t + 1; its root at row t - p
             r = t - p
-            kv = d.fast.scratch(4)
+            kv = d.rows.scratch(4)
             with torch.inference_mode():
-                f, _ = d.fast(hs[:r + 1], torch.tensor(seq[1:r + 2]), torch.arange(1, r + 2),
-                              PackedHead.bias(torch.ones(r + 1, r + 1, dtype=torch.bool).tril()), kv)
+                f, _ = d.rows(hs[:r + 1], torch.tensor(seq[1:r + 2]), torch.arange(1, r + 2),
+                              mask_bias(torch.ones(r + 1, r + 1, dtype=torch.bool).tril()), kv)
                 f = f[-1:]
                 for j in range(1, p + 1):               # down the chain of the true tokens
-                    f, _ = d.fast(f, torch.tensor([seq[r + 1 + j]]), r + 1 + j, torch.zeros(1, j), kv)
+                    f, _ = d.rows(f, torch.tensor([seq[r + 1 + j]]), r + 1 + j, torch.zeros(1, j), kv)
             torch.testing.assert_close(outs[p][0, t], f[0], atol=1e-5, rtol=1e-5)
 
 
@@ -430,13 +430,13 @@ def test_a_sized_tree_stops_drafting_when_no_deeper_level_can_pay(one_thread):
         class Counted:                                            # the packed head, its calls counted
             levels = None                                         # (each level through Python's loop, counted)
 
-            def __getattr__(self, a, _f=d.fast):
+            def __getattr__(self, a, _f=d.rows):
                 return getattr(_f, a)
 
-            def __call__(self, *a, _f=d.fast, **k):
+            def __call__(self, *a, _f=d.rows, **k):
                 n[0] += 1
                 return _f(*a, **k)
-        d.fast, per = Counted(), []
+        d.rows, per = Counted(), []
         d.propose = lambda ctx, _p=d.propose: (n.__setitem__(0, 0), _p(ctx), per.append(n[0]))[1]
         got, recs, _ = engine.run(tgt, d, [1, 2, 3], k=4, max_new_tokens=16, detail=True, stop_at_eos=False)
         assert got[:len(base)] == base
@@ -456,8 +456,7 @@ def test_int8_head_products_round_within_half_a_step_per_weight():
     """Dense's int8 (bf16 activations): each weight rounds to the nearest of 255 steps of its row's scale, so a
     product is off by at most sum_k |x_k| * scale / 2 (plus bf16's rounding of the output); the EAGLE head drafts
     with it on the CPU, and never with fp32 activations (a many times slower product there)."""
-    from specdec_core.drafters.packed import mm, product
-    from specdec_core.forward import int8_ok
+    from specdec_core.fast.packed import int8_ok, mm, product
     if not int8_ok(torch.device("cpu"), torch.bfloat16):
         pytest.skip("this build of torch has no CPU int8 weight product")
     g = torch.Generator().manual_seed(0)
@@ -469,8 +468,8 @@ def test_int8_head_products_round_within_half_a_step_per_weight():
     err = (mm(q, x).float() - ref).abs()
     assert (err <= bound + 1e-3).all() and err.max() > 0
     tgt = tiny_lm(0)                                                          # fp32: oneDNN-packed, not int8
-    assert tgt.dtype == torch.float32 and not Eagle(tgt, _random_head(tgt), manifest={}).fast.int8
-    assert not Eagle(tgt, _random_head(tgt), manifest={}, int8=False).fast.int8
+    assert tgt.dtype == torch.float32 and not Eagle(tgt, _random_head(tgt), manifest={}).rows.int8
+    assert not Eagle(tgt, _random_head(tgt), manifest={}, int8=False).rows.int8
 
 
 def test_narrowing_the_vocabulary_refuses_a_size_it_cannot_narrow_to(tmp_path, capsys):
@@ -492,7 +491,7 @@ def test_a_tree_levels_rows_see_their_ancestors_and_themselves_only(one_thread):
     0 exactly at a row's ancestors (in earlier levels) and itself, -inf elsewhere."""
     import random
     d = Eagle.__new__(Eagle)
-    d._levels, d.fast = {}, type("F", (), {"device": torch.device("cpu")})()
+    d._levels, d.rows = {}, type("F", (), {"device": torch.device("cpu")})()
     rng = random.Random(0)
     for _ in range(300):
         shape, parent, width = (), [], 1                 # parent[t]: tree row t's parent row (-1: the root)

@@ -11,7 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 from specdec_core import InputError, make_drafter, run
 from specdec_core.batch import run_batch
-from specdec_core.forward import BLOCK, Forward, Unsupported, native_op
+from specdec_core.fast.packed import native_op
+from specdec_core.forward import BLOCK, Forward, Unsupported
 from specdec_core.models import LM, attach_forward, pick_dtype
 from specdec_core.tree import compile_tree
 from specdec_core.bench.workloads import load_jsonl
@@ -50,7 +51,7 @@ def test_matches_transformers_on_small_models(kind, over):
     ids = torch.randint(0, 96, (150,), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         ref = m(ids[None]).logits[0]
-    f = Forward.from_model(m, pack=False)
+    f = Forward.from_model(m)
     got = f(ids, [0] * 150, torch.arange(150), f.new_cache())
     assert (got - ref).abs().max() <= 1e-5
     if kind == "qwen2":
@@ -58,8 +59,9 @@ def test_matches_transformers_on_small_models(kind, over):
 
 
 def test_matches_transformers_on_the_bundled_model(bundled_fp32):
-    """fp32: equal to transformers' eager forward bit for bit with plain products, within 1e-4 of its default
-    (sdpa) forward; with oneDNN's packed products (the default), within 2e-4 (another summation order)."""
+    """fp32: the reference forward (plain products, op by op) equals transformers' eager forward bit for bit, and is
+    within 1e-4 of its default (sdpa) forward; with the fast path's packed products (the default), within 2e-4
+    (another summation order)."""
     m = bundled_fp32.model
     ids = bundled_fp32.encode(TEXT)
     n = ids.numel()
@@ -69,7 +71,7 @@ def test_matches_transformers_on_the_bundled_model(bundled_fp32):
         m.set_attn_implementation("eager")
         eager = m(ids[None]).logits[0]
         m.set_attn_implementation(orig)
-    plain = Forward.from_model(m, pack=False)
+    plain = Forward.from_model(m)
     got = plain(ids, [0] * n, torch.arange(n), plain.new_cache())
     assert torch.equal(got, eager)
     assert (got - sdpa).abs().max() <= 1e-4
@@ -331,15 +333,17 @@ def test_an_int8_draft_network_is_batch_invariant_without_padding(bundled):
     """A draft model's int8 products (Dense(int8=True), bf16 activations) compute each row alone: its forward pads
     no rows, and still scores a position the same alone, in a chain, or as a row of a batch; the scripted loop
     and the op-by-op one agree bit for bit; int8 is never taken with fp32 activations (much slower there)."""
-    from specdec_core.forward import Dense, Forward, int8_ok
+    from specdec_core import backend
+    from specdec_core.fast.loop import attach
+    from specdec_core.fast.packed import Dense, int8_ok
     if not int8_ok(torch.device("cpu"), torch.bfloat16):
         pytest.skip("this build of torch has no CPU int8 weight product")
     assert not int8_ok(torch.device("cpu"), torch.float32) and Dense(torch.randn(8, 32), int8=True).s is None
     if bundled.dtype != torch.bfloat16:
         pytest.skip("the target runs in fp32 on this CPU, where int8 products are never taken (asserted above)")
-    full = Forward.from_model(bundled.model, int8=True)
-    f = full.derive(full.blocks[:2], full.norm, full.head)                 # two layers: a draft-sized network
-    assert f.pad == 1 and f._w is not None and all(b.qkv.packed.dtype == torch.int8 for b in f.blocks)
+    full = backend.forward_of(bundled.model, int8=True)
+    f = attach(full.derive(full.blocks[:2], full.norm, full.head))         # two layers: a draft-sized network
+    assert f.pad == 1 and f.fast.w is not None and all(b.qkv.packed.dtype == torch.int8 for b in f.blocks)
     ids = bundled.encode(TEXT).tolist()
     ctx, new = ids[:-9], ids[-9:]
     score = lambda c, toks: f.append(torch.tensor(toks), c)               # noqa: E731
@@ -350,13 +354,13 @@ def test_an_int8_draft_network_is_batch_invariant_without_padding(bundled):
         c = f.new_cache()
         score(c, ctx)
         assert torch.equal(score(c, new[:k + 1]), alone[:k + 1]), f"k={k}"
-    scripted, c = f._w, f.new_cache()
+    scripted, c = f.fast.w, f.new_cache()
     try:
-        f._w = None
+        f.fast.w = None
         score(c, ctx)
         assert torch.equal(torch.cat([score(c, [t]) for t in new[:3]]), alone[:3])     # the op-by-op loop
     finally:
-        f._w = scripted
+        f.fast.w = scripted
     seqs = [ctx, ids[:20]]                                                             # rows of a batch
     c = f.new_cache(batch=2)
     f(torch.tensor(seqs[0] + seqs[1]), [0] * len(seqs[0]) + [1] * 20,
@@ -371,18 +375,18 @@ def test_the_scripted_one_row_loop_is_the_op_by_op_loop(either):
     """A one-row chain (prefill past MAX_ROWS, a chunk crossing a key block, decode steps) runs in the scripted
     loop (_span_layers); the same calls through the op-by-op loop give the same logits and cache, bit for bit."""
     lm = either
-    f, scripted = lm.fwd, lm.fwd._w
+    f, scripted = lm.fwd, lm.fwd.fast.w
     assert scripted is not None   # packed products on the CPU: the scripted loop is the one that runs
     ids = lm.encode(TEXT * 3).tolist()
     runs = []
     try:
         for w in (scripted, None):
-            f._w, c = w, lm.new_cache()
+            f.fast.w, c = w, lm.new_cache()
             out = [lm.forward(torch.tensor(ids[:70]), c), lm.forward(torch.tensor(ids[70:100]), c)]
             out += [lm.forward(torch.tensor([t]), c) for t in ids[100:104]]
             runs.append((out, [t[:, :, :104].clone() for t in c.k + c.v]))
     finally:
-        f._w = scripted
+        f.fast.w = scripted
     (a, ca), (b, cb) = runs
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert all(torch.equal(x, y) for x, y in zip(ca, cb))

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from specdec_core import threads
+from specdec_core.fast import threads
 from specdec_core.serving.gate import Gate, Gated
 
 UNIT_S = 0.01   # one unit of work (a decode step)

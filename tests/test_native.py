@@ -5,8 +5,11 @@ import torch
 
 import torch.utils.cpp_extension
 
+import specdec_core.fast.loop as fl
 import specdec_core.forward as fw
-from specdec_core import native
+from specdec_core import backend
+from specdec_core.fast.packed import int8_ok
+from specdec_core.fast import native
 from specdec_core.tree import compile_tree
 
 TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
@@ -67,8 +70,8 @@ def test_the_cpp_loop_is_the_scripted_loop_bit_for_bit(either, faithful, monkeyp
         monkeypatch.setitem(fw._IN_PLACE, (str(f.device), f.n_kv, f.n_heads // f.n_kv, f.head_dim), probe)
     ids = lm.encode("def area(r):\n    return 3.14159 * r * r\n\n" * 16).tolist()
     runs = []
-    for loop in (ext.span_layers, fw._span_layers):
-        monkeypatch.setattr(fw, "span_layers", lambda loop=loop: loop)
+    for loop in (ext.span_layers, fl._span_layers):
+        monkeypatch.setattr(fl, "span_layers", lambda loop=loop: loop)
         runs.append(calls(lm, ids))
     (a, ka), (b, kb) = runs
     assert len(a) == len(b) == 10
@@ -81,14 +84,14 @@ def test_an_int8_draft_network_runs_the_same_in_either_loop(bundled, faithful, m
     """A draft model's int8 products (no row padding) through the C++ loop, its own int8 kernel off: the scripted
     loop's bits."""
     ext = faithful
-    if not fw.int8_ok(torch.device("cpu"), torch.bfloat16):
+    if not int8_ok(torch.device("cpu"), torch.bfloat16):
         pytest.skip("this build of torch has no CPU int8 weight product")
-    full = fw.Forward.from_model(bundled.model, int8=True)
-    f = full.derive(full.blocks[:3], full.norm, full.head)
+    full = backend.forward_of(bundled.model, int8=True)
+    f = fl.attach(full.derive(full.blocks[:3], full.norm, full.head))
     ids = bundled.encode("A list of primes: 2, 3, 5, 7, 11, 13, 17, 19, 23").tolist()
     outs = []
-    for loop in (ext.span_layers, fw._span_layers):
-        monkeypatch.setattr(fw, "span_layers", lambda loop=loop: loop)
+    for loop in (ext.span_layers, fl._span_layers):
+        monkeypatch.setattr(fl, "span_layers", lambda loop=loop: loop)
         c = f.new_cache()
         outs.append([f.append(torch.tensor(ids[:-4]), c)] + [f.append(torch.tensor([t]), c) for t in ids[-4:]])
     assert all(torch.equal(x, y) for x, y in zip(*outs))
@@ -112,7 +115,7 @@ def test_the_cpp_eagle_level_is_the_scripted_one(either, faithful, monkeypatch):
     eagle_rows, its own loops off, and through the scripted _rows: every call's features, draft log-probs and ids
     bit for bit, over a decode (int8 products in bf16, oneDNN-packed fp32 ones in fp32)."""
     ext = faithful
-    import specdec_core.drafters.eagle_packed as ep
+    import specdec_core.fast.eagle_packed as ep
     from specdec_core import make_drafter, run
     prompt = either.encode("Write a Python function that merges two sorted lists into one sorted list.")
     seen = []
@@ -218,7 +221,7 @@ def test_the_draft_loops_compute_the_eagle_head_in_fp32(bundled_fp32, ext):
     log-probs to ~1e-5, the same ids; over the sequence's causal rows, then tree rows that see different branches."""
     from specdec_core.drafters.eagle import Eagle, Head
     from tests.eagle_ref import ModuleStep
-    from specdec_core.drafters.eagle_packed import PackedHead
+    from specdec_core.forward import mask_bias
     assert ext.draft_loops(True)
     torch.manual_seed(0)
     head = Head.for_target(bundled_fp32.model)
@@ -228,11 +231,11 @@ def test_the_draft_loops_compute_the_eagle_head_in_fp32(bundled_fp32, ext):
     d = Eagle(bundled_fp32, head.eval(), manifest={}, depth=3, topk=3, nodes=8, int8=False)
     ref = ModuleStep(d)
     f0, f1 = torch.randn(40, 576), torch.randn(3, 576)
-    causal = PackedHead.bias(torch.ones(40, 40, dtype=torch.bool).tril())
-    branch = PackedHead.bias(torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool))
+    causal = mask_bias(torch.ones(40, 40, dtype=torch.bool).tril())
+    branch = mask_bias(torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool))
     outs = []
     with torch.inference_mode():
-        for step in (d.fast, ref):
+        for step in (d.rows, ref):
             kv = step.scratch(8)
             a = step(f0, torch.arange(100, 140), torch.arange(1, 41), causal, kv, k=4)
             b = step(f1, torch.tensor([5, 6, 7]), 41, branch, kv, k=4)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec_core import native, q4
+from specdec_core.fast import native, q4
 from specdec_core.models import bundled_gguf
 
 
@@ -180,18 +180,21 @@ def test_on_amx_the_tiles_sum_as_onednns_packed_product_does(ext):
 
 def test_where_the_kernel_cannot_run_the_forward_keeps_its_products(bundled, monkeypatch):
     """A CPU without AVX-512 BF16 (the unpacking raises), or SPECDEC_Q4=0: no tiles, rows padded, a note saying why."""
+    import specdec_core.fast.packed as pk
     import specdec_core.forward as fw
-    if bundled.fwd is None or fw.native_op("q4_lines") is None:
+    from specdec_core.fast.loop import attach
+    if bundled.fwd is None or pk.native_op("q4_lines") is None:
         pytest.skip("no C++ build here")
 
     def no_bf16(q):
         raise RuntimeError("q4_lines: a packed 4-bit weight on a CPU with AVX-512 BF16")
-    fake, real = {"q4_lines": no_bf16, "q4_amx": lambda tiles=None: False}, fw.native_op
-    monkeypatch.setattr(fw, "native_op", lambda name: fake.get(name) or real(name))
-    f = fw.Forward(bundled.fwd.embed, [fw.Block(b.ln1, fw.Dense(b.qkv.w), fw.Dense(b.o.w), b.ln2, fw.Dense(b.gu.w),
-                                                fw.Dense(b.down.w)) for b in bundled.fwd.blocks[:2]],
-                   bundled.fwd.norm, bundled.fwd.head, None, bundled.fwd.n_heads, bundled.fwd.n_kv,
-                   bundled.fwd.head_dim, bundled.fwd.eps, bundled.fwd.inv_freq)
+    fake, real = {"q4_lines": no_bf16, "q4_amx": lambda tiles=None: False}, pk.native_op
+    monkeypatch.setattr(pk, "native_op", lambda name: fake.get(name) or real(name))
+    f = attach(fw.Forward(bundled.fwd.embed, [fw.Block(b.ln1, pk.Dense(b.qkv.w), pk.Dense(b.o.w), b.ln2,
+                                                       pk.Dense(b.gu.w), pk.Dense(b.down.w))
+                                              for b in bundled.fwd.blocks[:2]],
+                          bundled.fwd.norm, bundled.fwd.head, None, bundled.fwd.n_heads, bundled.fwd.n_kv,
+                          bundled.fwd.head_dim, bundled.fwd.eps, bundled.fwd.inv_freq))
     note = q4.attach(f, bundled_gguf())
     # a CPU without native bf16 runs the target in fp32, which the 4-bit products never serve: said before asking
     why = "no AVX-512 BF16" if bundled.dtype == torch.bfloat16 else "a bf16 CPU forward"

@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 from specdec_core import drafters, engine
 from specdec_core.bench import headroom, regime
 from specdec_core.bench.regime import Cost, FormatError, choose, reason
-from specdec_core.forward import reads_q4
+from specdec_core.backend import reads_q4
 from specdec_core.models import pick_dtype
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -444,7 +444,8 @@ def test_heads_rank_only_their_draft_vocabulary():
 def test_packed_heads_rank_as_the_module():
     """Drafting's packed heads (one stacked product for all heads, the LM head packed) rank what `ranked`
     ranks on the training module (fp32: the same tokens in the same order)."""
-    from specdec_core.drafters.medusa import PackedHeads, head_weight, ranked
+    from specdec_core.drafters.medusa import head_weight, ranked
+    from specdec_core.fast.packed import PackedHeads
     from specdec_core.drafters.vocab import DraftVocab
     torch.manual_seed(1)
     lm_head = torch.nn.Linear(64, 300, bias=False)

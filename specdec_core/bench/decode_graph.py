@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import forward as fw
+from ..backend import kernel
 
 
 class StaticStep:
@@ -58,7 +59,7 @@ class StaticStep:
         bias = fw.mask_bias(fw._pad_see(see[:, None].expand(-1, G, -1, -1).reshape(1, 1, G, S)))  # [1, 1, G', S]
         slot = self.pos[:1]                                                               # [1]
         x = f.embed[self.ids]                                                             # [R, H]
-        own = f._packed and f.device.type == "cpu" and fw.native_op("attend_chain") is not None
+        own = f.fast is not None and f.fast.packed and f.device.type == "cpu" and kernel("attend_chain") is not None
         for l, b in enumerate(f.blocks):
             qkv = b.qkv(f._rms(x, b.ln1))                                                 # [R, (Hq+2Hkv) D]
             qk = f._rope(qkv[:, :(Hq + Hkv) * D].float().view(R, Hq + Hkv, D), cos, sin) * self.scale
@@ -67,7 +68,7 @@ class StaticStep:
             c.v[l][0].index_copy_(1, slot, v.transpose(0, 1).to(c.dtype))
             a = q.new_zeros(1, Hq * D)
             # on the CPU, a packed forward's attention is csrc/span.cpp's loop (Forward._attend): the same call here
-            own = own and fw.native_op("attend_chain")(q, c.k[l][0], c.v[l][0], bias[0, 0], S, [0], a, [0],
+            own = own and kernel("attend_chain")(q, c.k[l][0], c.v[l][0], bias[0, 0], S, [0], a, [0],
                                                       f.dtype == torch.bfloat16)
             if not own:
                 kk, vv = c.k[l][0, :, :S].float(), c.v[l][0, :, :S].float()              # [Hkv, S, D]

@@ -16,7 +16,7 @@ import time
 import torch
 
 from ..drafters import PLAIN, entry
-from ..forward import loop_name
+from ..backend import loop_name
 from ..models import LM, load
 
 

@@ -45,13 +45,12 @@ def machine() -> dict:
 
 def products() -> str:
     """The bundled target's layer products here: "q4-amx" or "q4-dots" (csrc/span.cpp's 4-bit kernel on AMX's
-    tiles or on AVX-512 BF16 dot products, q4.py; with the dot products the LM head takes them too, since
-    2026-12-06) or "packed" (oneDNN's bf16 product). They sum in different orders, so, as across kernel families, a
+    tiles or on AVX-512 BF16 dot products, fast/q4.py; with the dot products the LM head takes them too) or
+    "packed" (oneDNN's bf16 product). They sum in different orders, so, as across kernel families, a
     greedy text (and an acceptance measured on it) can differ."""
-    from .. import q4
-    from ..forward import native_op
-    on = native_op("q4_products")
-    kind = q4.kernel()[0] if on is not None and on() else None
+    from .. import backend
+    on = backend.kernel("q4_products")
+    kind = backend.q4_kernel()[0] if on is not None and on() else None
     return f"q4-{kind}" if kind else "packed"
 
 
@@ -59,8 +58,8 @@ def attention() -> str:
     """The attention a packed CPU forward runs here: "loop" (csrc/span.cpp's one loop per query, where native.py
     builds it and the CPU runs its AVX-512 loops) or "aten". The two round differently, so, as across kernel
     families, a greedy text (and an acceptance measured on it) can differ between them."""
-    from ..forward import native_op
-    fit = native_op("draft_loops_fit")      # the same module holds the attention loop
+    from .. import backend
+    fit = backend.kernel("draft_loops_fit")      # the same module holds the attention loop
     return "loop" if fit is not None and fit() else "aten"
 
 

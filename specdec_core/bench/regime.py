@@ -24,8 +24,7 @@ from typing import Callable
 
 import torch
 
-from .. import q4
-from ..forward import reads_q4
+from ..backend import q4_kernel, reads_q4
 from ..models import BUNDLED, LM, load, pick_device, pick_dtype
 from .passes import token_cost
 
@@ -62,10 +61,10 @@ class Cost:
 def formats(spec: str = BUNDLED, device: str | torch.device | None = None) -> list[str]:
     """The weight formats this machine can run `spec` in, fastest-to-read last: dense fp32 and dense bf16
     everywhere (a CPU without native bf16 runs it through oneDNN's conversions), and the bundled file's 4-bit
-    blocks where q4.kernel() runs here (it tries the kernel: AVX-512 BF16 or AMX, and the C++ build)."""
+    blocks where the 4-bit kernel runs here (it tries the kernel: AVX-512 BF16 or AMX, and the C++ build)."""
     dev = pick_device(str(device) if device is not None else None)
     out = ["fp32", "bf16"]
-    if spec == BUNDLED and dev.type == "cpu" and q4.kernel()[0] is not None:
+    if spec == BUNDLED and dev.type == "cpu" and q4_kernel()[0] is not None:
         out.append("q4")
     return out
 
@@ -97,7 +96,7 @@ def check(fmt: str, spec: str = BUNDLED, device: str | None = None) -> str:
         raise FormatError(f"unknown weight format {fmt!r}; use one of {', '.join([AUTO, *FORMATS])}")
     here = formats(spec, device)
     if fmt not in here:
-        why = q4.kernel()[1] if fmt == "q4" and spec == BUNDLED else "only the bundled model ships 4-bit blocks"
+        why = q4_kernel()[1] if fmt == "q4" and spec == BUNDLED else "only the bundled model ships 4-bit blocks"
         raise FormatError(f"this machine cannot run the {FORMATS[fmt]} ({why}); it runs "
                           f"{', '.join(FORMATS[f] for f in here)}")
     return fmt

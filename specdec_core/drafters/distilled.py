@@ -128,7 +128,7 @@ def load_draft(target: LM, folder: Path | None = None) -> LM:
         m.lm_head = SubsetHead(m.lm_head.weight, DraftVocab(ids, cfg.vocab_size))
     lm = LM(m, target.tokenizer, f"distilled draft ({cfg.num_hidden_layers} layers)", target.dtype, target.device)
     sub = m.lm_head if ids is not None else None
-    # int8 weights where the CPU has the kernel: a draft's few rows are bound by the bytes they read (forward.Dense)
+    # int8 weights where the CPU has the kernel: a draft's few rows are bound by the bytes they read (the fast path's Dense)
     return attach_forward(lm, target.forward_name, int8=True,
                           **({"head": sub.weight.detach(), "vocab": sub.vocab} if sub else {}))
 

@@ -25,11 +25,10 @@ probability never exceeds its parent's. Candidates are each parent's top-ranked 
 deterministic and verify_tree.py's exact rule applies unchanged: the output law is the target's. Training:
 `python -m specdec_core train eagle`.
 
-`Head` is the module training unrolls; drafting runs a packed copy of its weights (eagle_packed.py: the
-target forward's packed products in the target's dtype, one call for the rows committed since the last step
-and the root, then one call per tree level over all of its rows). How the tree grows (which nodes to expand, when
-to stop) is decided here only, in `_grow`, in Python: a fast path may compute a level's rows (native.py's C++ port
-of the layer), never the choice. `_grow` ranks a level's few candidates (topk per row) in Python lists, not
+`Head` is the module training unrolls; drafting calls it through `HeadRows` (one call for the rows committed since
+the last step and the root, then one call per tree level over all of its rows), or, with the fast path, a packed copy
+of its weights that computes the same rows (backend.eagle_rows). How the tree grows (which nodes to expand, when
+to stop) is decided here only, in `_grow`, in Python: a fast path may compute a level's rows, never the choice. `_grow` ranks a level's few candidates (topk per row) in Python lists, not
 tensors: each tensor op costs a few microseconds whatever its size, more than Python's arithmetic on four numbers.
 """
 from __future__ import annotations
@@ -43,12 +42,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import clock
+from .. import backend, clock
+from ..forward import grown, mask_bias
 from ..policy import copy_budget, deeper_pays, tree_budget
 from ..tree import compile_tree, graft
 from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
                weights_for)
-from .eagle_packed import PackedHead, grown
 from .lookup import PromptLookup
 from .vocab import DraftVocab
 
@@ -134,6 +133,62 @@ class Head(nn.Module):
         return _rms(x, self.norm, self.eps), (k, v)
 
 
+class HeadScratch:
+    """The head's keys and values over the rows run so far (Head.forward's `past`); setting n back drops the rows
+    after it."""
+
+    def __init__(self):
+        self.past, self._n = None, 0
+
+    @property
+    def n(self) -> int:
+        return self._n
+
+    @n.setter
+    def n(self, rows: int) -> None:
+        if self.past is not None:
+            self.past = (self.past[0][:, :rows], self.past[1][:, :rows])
+        self._n = rows
+
+    def reserve(self, rows: int) -> None:
+        pass
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append a call's keys and values [1, m, kv, d]."""
+        self.past = (k, v) if self.past is None else (torch.cat([self.past[0], k], 1), torch.cat([self.past[1], v], 1))
+        self._n = self.past[0].shape[1]
+
+
+class HeadRows:
+    """A tree level's rows through the trained Head, in fp32, as drafting calls them:
+    (f [m, H] features, tok [m] tokens, positions, bias [m, c] over the last c rows, scratch, last, k) ->
+    (features, draft logits) of the last `last` rows (all with 0), or with k > 0 (features, top-k log q, target ids).
+    The fast path's packed head computes the same from prepared weights (tests/test_eagle.py holds the two close)."""
+
+    def __init__(self, head: Head, embed: torch.Tensor, lm_w: torch.Tensor, ids: torch.Tensor | None):
+        self.head, self.embed, self.ids = head, embed, ids
+        self.device, self.w = embed.device, lm_w.float()                                 # [v, H]
+
+    def scratch(self, rows: int) -> HeadScratch:
+        return HeadScratch()
+
+    def __call__(self, f, tok, pos, bias, kv: HeadScratch, last: int = 0, k: int = 0):
+        m, R = f.shape[0], kv.n + f.shape[0]
+        e = self.embed[tok].float()
+        see = torch.cat([torch.ones(m, R - bias.shape[1], dtype=torch.bool, device=f.device), bias == 0], 1)  # [m, R]
+        if isinstance(pos, slice):
+            pos = torch.arange(pos.start, pos.stop)
+        pos = torch.full((1, m), pos) if isinstance(pos, int) else pos[None]
+        out, (ks, vs) = self.head(f.float()[None], e[None], pos, see[None], kv.past)
+        kv.extend(ks, vs)
+        h = out[0, m - last if last else 0:]                                              # [n, H]
+        y = F.linear(h, self.w)                                                           # [n, v]
+        if not k:
+            return h, y
+        lp, ix = torch.topk(torch.log_softmax(y, -1, dtype=torch.float32), k, -1)
+        return h, lp, ix if self.ids is None else self.ids[ix]
+
+
 def head_weight(head: Head, lm_head: nn.Module) -> torch.Tensor:
     """The rows of the target's LM head the draft scores: [v, H] (all V rows without a vocabulary)."""
     w = lm_head.weight
@@ -180,10 +235,12 @@ class Eagle(Drafter):
         self.target, self.manifest = target, manifest
         self.head = head.to(target.device)          # the trained module; drafting runs its packed copy
         lm_w = head_weight(head, target.model.get_output_embeddings())                  # [v, H]
-        # on the CPU the head's products read int8 weights (half the bytes; eagle_packed.py says what it costs)
         ids = head.vocab.ids.to(target.device) if head.vocab is not None else None   # draft row -> target id
-        self.fast = PackedHead(self.head, target.model.get_input_embeddings().weight, lm_w, target.dtype,
-                               max_pos=512, int8=int8, ids=ids)
+        # drafting: the fast path's packed head (on the CPU its products read int8 weights: half the bytes), else
+        # the trained module
+        embed = target.model.get_input_embeddings().weight
+        self.rows = backend.eagle_rows(self.head, embed, lm_w, target.dtype, int8, ids) \
+            or HeadRows(self.head, embed, lm_w, ids)
         self._trees: dict[tuple, object] = {}    # compiled tree per shape (rank paths)
         self._causals: dict[int, torch.Tensor] = {}
         self._levels: dict[tuple, tuple] = {}     # a tree level's parent rows and bias, per tree shape (`_level`)
@@ -203,7 +260,7 @@ class Eagle(Drafter):
     def begin(self, prompt: list[int]) -> None:
         # the head's own cache over the sequence: row t read (f_{t-1}, x_t) at position t, for t = f_from + 1 ..
         # done, stored at t - 1 - f_from (the features before f_from were never handed over)
-        self.kv = self.fast.scratch(max(64, 2 * len(prompt)))
+        self.kv = self.rows.scratch(max(64, 2 * len(prompt)))
         self.feat = None                         # features by position [cap, H]: feat[t] = f_t
         self.f_from = self.f_len = 0             # feat holds positions f_from .. f_len - 1
         self.done = 0                            # the sequence's rows up to position done are in kv
@@ -236,7 +293,7 @@ class Eagle(Drafter):
         lo = min(self.done, n - 1)               # (a second proposal at the same n runs its root again)
         kv.n = lo - self.f_from
         m = n - lo
-        f, lp, ix = self.fast(self.feat[lo:n], torch.tensor(ctx.tokens[lo + 1:n + 1]), slice(lo + 1, n + 1),
+        f, lp, ix = self.rows(self.feat[lo:n], torch.tensor(ctx.tokens[lo + 1:n + 1]), slice(lo + 1, n + 1),
                               self._causal(m), kv, last=1, k=K)
         self.done = n                            # the root is committed whatever is accepted: its row stays
         parent, tok, score = self._grow(f, lp, ix, n, depth)
@@ -257,7 +314,7 @@ class Eagle(Drafter):
         the root call gave): every node drafted, in drafting order, as three lists: its parent's index (-1 = the
         root), token and cumulative log-prob (a Python float: float64, so ties break as in drafting order).
         A level's few nodes live in Python lists (each tensor op costs a few microseconds whatever its size)."""
-        K, kv, dev = self.topk, self.kv, self.fast.device
+        K, kv, dev = self.topk, self.kv, self.rows.device
         parent, tok, score = [], [], []
         front, base = [-1], [0.0]                # the rows just run: their node indices and scores
         shape = ()                               # the tree so far: each level's rows of f (the parents expanded)
@@ -280,7 +337,7 @@ class Eagle(Drafter):
             shape += (tuple(i // K for i in pick),)                                     # rows of f (parents)
             rows, bias = self._level(shape)
             front, base = [first + i for i in pick], [lvl[i] for i in pick]
-            f, lp, ix = self.fast(f.index_select(0, rows), torch.tensor([tok[first + i] for i in pick], device=dev),
+            f, lp, ix = self.rows(f.index_select(0, rows), torch.tensor([tok[first + i] for i in pick], device=dev),
                                   n + d, bias, kv, k=K)
         return parent, tok, score
 
@@ -302,8 +359,8 @@ class Eagle(Drafter):
             see = torch.frombuffer(see, dtype=torch.bool).view(m, tn)
             if len(self._levels) >= 4096:
                 self._levels.clear()
-            dev = self.fast.device
-            got = self._levels[shape] = (torch.tensor(shape[-1], device=dev), PackedHead.bias(see.to(dev)))
+            dev = self.rows.device
+            got = self._levels[shape] = (torch.tensor(shape[-1], device=dev), mask_bias(see.to(dev)))
         return got
 
     def _causal(self, m: int) -> torch.Tensor:
@@ -311,7 +368,7 @@ class Eagle(Drafter):
         prompt's (m in the hundreds, once a sequence) not kept."""
         b = self._causals.get(m)
         if b is None:
-            b = PackedHead.bias(torch.ones(m, m, dtype=torch.bool, device=self.fast.device).tril())
+            b = mask_bias(torch.ones(m, m, dtype=torch.bool, device=self.rows.device).tril())
             if m <= 2 * self.depth:
                 self._causals[m] = b
         return b
@@ -332,11 +389,11 @@ class Eagle(Drafter):
         got = _DRAFT_MS.setdefault(self.target.model, {})
         if key not in got:
             self.draft_ms = None
-            hidden = self.fast.embed.shape[1]
-            n_ids = self.fast.embed.shape[0]
+            hidden = self.rows.embed.shape[1]
+            n_ids = self.rows.embed.shape[0]
             tokens = [(7 * t + 3) % n_ids for t in range(context + 1)]   # no repeats: no copied continuation
             feats = torch.randn(context, hidden, generator=torch.Generator().manual_seed(0)).to(
-                device=self.fast.device, dtype=self.fast.embed.dtype)
+                device=self.rows.device, dtype=self.rows.embed.dtype)
             ctx = DraftContext(tokens=tokens, prompt_len=context, k=self.depth, sp=None, gen=None)
             ms = []
             for r in range(reps + 1):

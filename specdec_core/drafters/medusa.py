@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import backend
 from ..tree import Tree, compile_tree
 from . import (DraftContext, Drafter, DrafterUnavailable, Proposal, entry, load_weights, trained_for, untrained,
                weights_for)
-from .packed import mm, product, top_logprobs
 from .vocab import DraftVocab
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "medusa.safetensors"
@@ -70,29 +70,20 @@ def ranked(heads: Heads, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tens
     return heads.vocab.ids.to(top.device)[top] if heads.vocab is not None else top
 
 
-class PackedHeads:
-    """The first n heads for drafting: all n blocks as one packed product (they all read the same h: their
-    weights stacked [n H, H]) and the shared LM head's draft-vocabulary rows packed, both in the target's
-    dtype (forward.Dense, packed.mm), or with int8 weights where forward.int8_ok (Dense's int8: half the
-    bytes; the CPU, as EAGLE's head). `Heads` stays the module training runs; this computes what `ranked`
-    computes on it, up to the products' rounding."""
+class HeadRows:
+    """The first n heads as drafting calls them, through the trained module: what the fast path's PackedHeads
+    computes from prepared weights (backend.medusa_rows), up to the products' rounding."""
 
-    def __init__(self, heads: Heads, w: torch.Tensor, n: int, dtype: torch.dtype, int8: bool = False):
-        H = heads.w.shape[-1]
-        self.n, self.H, self.dtype = n, H, dtype
-        self.blocks = product(heads.w[:n].detach().reshape(n * H, H).to(w.device, dtype).contiguous(), int8)
-        self.lm = product(w.detach().to(dtype).contiguous(), int8)                                  # [v, H]
-        self.b = heads.b[:n].detach().to(w.device, torch.float32)                                     # [n, H]
-        self.ids = heads.vocab.ids.to(w.device) if heads.vocab is not None else None
+    def __init__(self, heads: Heads, w: torch.Tensor, n: int):
+        self.heads, self.w, self.n = heads, w, n
 
     def __call__(self, h: torch.Tensor, k: int, probs: bool = False):
         """h [H] -> [n, k] target ids: each head's k best tokens, best first; with `probs` also [n, k] each
         head's probability of them (softmax over the tokens it ranks)."""
-        y = mm(self.blocks, h.to(self.dtype)[None]).view(self.n, self.H)                            # [n, H]
-        x = h.float() + F.silu(self.b + y)                                                          # [n, H] fp32
-        logits = mm(self.lm, x.to(self.dtype))                                                      # [n, v]
-        lp, top = top_logprobs(logits, k)                                                           # [n, k]
-        ids = self.ids[top] if self.ids is not None else top
+        x = self.heads(h[None])[:self.n, 0]                                                        # [n, H]
+        logits = F.linear(x.to(self.w.dtype), self.w).float()                                      # [n, v]
+        lp, top = torch.topk(torch.log_softmax(logits, -1), k, -1)                                 # [n, k]
+        ids = self.heads.vocab.ids.to(top.device)[top] if self.heads.vocab is not None else top
         return (ids, lp.exp()) if probs else ids
 
 
@@ -132,7 +123,9 @@ class Medusa(Drafter):
         self.heads = heads.to(target.device)
         self.lm_head = target.model.get_output_embeddings()
         self.head_w = head_weight(heads, self.lm_head)
-        self.fast = PackedHeads(self.heads, self.head_w, self.tree.max_depth, target.dtype, int8=True)   # drafting
+        # drafting: the fast path's packed heads (int8 weights on the CPU), else the module
+        self.rows = backend.medusa_rows(self.heads, self.head_w, self.tree.max_depth, target.dtype, int8=True) \
+            or HeadRows(self.heads, self.head_w, self.tree.max_depth)
         self.default_k = self.tree.max_depth
         self._cut: dict[int, Tree] = {}
         self.h, self.h_len = None, -1
@@ -153,7 +146,7 @@ class Medusa(Drafter):
             self._cut[ctx.k] = self.tree.pruned(ctx.k)
         tree = self._cut[ctx.k] if ctx.k < self.tree.max_depth else self.tree
         with torch.inference_mode():
-            top, pr = self.fast(self.h, max(tree.width), probs=True)                                   # [n, W]
+            top, pr = self.rows(self.h, max(tree.width), probs=True)                                   # [n, W]
         top, pr = top[:tree.max_depth].cpu(), pr[:tree.max_depth].cpu()                                 # [D, W]
         nodes = tree.tokens(ctx.tokens[-1], top)
         d, r = tree.depth[1:] - 1, tree.rank[1:]

@@ -23,7 +23,7 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
-from .. import threads
+from ..backend import release_threads
 
 OnWait = Callable[[int, float], None] | None   # (place in line, 1 = next; estimated seconds), while waiting
 POLL_S = 0.5   # how often a waiter re-reads its place (and its holder's liveness)
@@ -165,7 +165,7 @@ class Ticket:
 
     def release(self) -> None:
         if self.held and self.thread is threading.current_thread():
-            threads.release()   # its CPU workers, idle till its next turn, would slow the next holder's (threads.py)
+            release_threads()   # its CPU workers, idle till its next turn, would slow the next holder's (threads.py)
         with self.gate.cv:
             if self in self.gate.line:
                 self.gate._leave(self)

@@ -28,7 +28,7 @@ from ..bench.invariance import first_difference
 from ..bench.sweeps import REPEATS, ratios
 from ..drafters import PLAIN, Drafter, make
 from ..engine import run
-from ..forward import reads_q4
+from ..backend import reads_q4
 from ..models import LM, bundled_gguf
 from ..sampling import SamplingParams
 

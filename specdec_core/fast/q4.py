@@ -148,7 +148,7 @@ def _row_order(w: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
 def kernel() -> tuple[str | None, str]:
     """Which 4-bit kernel the bundled target's layers take here: ("amx", "") where the OS grants AMX, else ("dots",
     "") where the CPU has AVX-512 BF16, else (None, why not). SPECDEC_Q4=0 turns them off."""
-    from .forward import native_op
+    from .packed import native_op
     if os.environ.get("SPECDEC_Q4", "1") == "0":
         return None, "off (SPECDEC_Q4=0)"
     lines = native_op("q4_lines")
@@ -167,8 +167,8 @@ def kernel() -> tuple[str | None, str]:
 def attach(fwd, path) -> str:
     """Give fwd's layer products their 4-bit tiles from the GGUF at path, where `kernel()` runs here and every
     weight comes back bit for bit. -> what it did, one line (also why not)."""
-    from .forward import native_op
-    if fwd.device.type != "cpu" or fwd.dtype != torch.bfloat16 or fwd._w is None:
+    from .packed import native_op
+    if fwd.device.type != "cpu" or fwd.dtype != torch.bfloat16 or fwd.fast is None or fwd.fast.w is None:
         return "4-bit products: not here (they need the C++ build, AVX-512 BF16 and a bf16 CPU forward)"
     kind, why = kernel()
     if kind is None:
@@ -207,7 +207,7 @@ def attach(fwd, path) -> str:
         fwd.pad = 1   # the dot products compute each row alone: no rows to pad (attention pads its own)
         if attach_head(fwd.head):
             head = "; the LM head on the same dot products"
-    fwd.refresh()
+    fwd.fast.refresh()
     on = "AMX tiles" if kind == "amx" else "AVX-512 BF16"
     return (f"4-bit products: {done} of {4 * len(fwd.blocks)} layer products read the file's Q4_1 blocks ({on})"
             + head)

@@ -1,6 +1,6 @@
 // forward._span_layers in C++: the same ATen ops in the same order, so the same bits, without TorchScript's
 // interpreter between them (forward.py's module docstring says why each op is there; native.py loads this).
-// Keep it in step with _span_layers, _tree_attention, _attention_rows, _dense, _rms_norm, _rotate and _pad_to:
+// Keep it in step with _span_layers, tree_attention, attention_rows, _dense, rms_norm, rotate and _pad_to:
 // tests/test_native.py holds the two bitwise equal. Drafts' products and EAGLE's level also have loops of their own
 // (int8_product, draft_attention, draft_top), which round differently; draft_loops(false) turns them off for that test.
 #include <torch/extension.h>
@@ -39,7 +39,7 @@ static Tensor pad_to(const Tensor& x, int64_t rows) {
   return at::cat({x, x.new_zeros(shape)}, -2);
 }
 
-// _rms_norm: w * (xf * rsqrt(mean(xf^2) + eps)).to(x's dtype), xf = x in fp32. Where x and w are contiguous CPU bf16
+// rms_norm: w * (xf * rsqrt(mean(xf^2) + eps)).to(x's dtype), xf = x in fp32. Where x and w are contiguous CPU bf16
 // or fp32, the elementwise parts are loops around ATen's own sum (whose summation order is its own; ATen's mean is
 // that sum divided by H): the same IEEE operations element by element (x * x is what pow(x, 2) computes; the mean a
 // division; rsqrt is 1 / sqrt; eps is added in fp32; bf16 rounds to nearest even, as ATen's conversion does), so
@@ -931,7 +931,7 @@ static Tensor dense(const Tensor& x, const Tensor& w, OptT s, const OptT& b, int
 }
 
 // Attention's query rows and output rows, moved by plain loops (copies and one rounding each, so the same bits as
-// the permutes, reshapes, pads and conversions of _span_layers and _tree_attention, in one pass each).
+// the permutes, reshapes, pads and conversions of _span_layers and tree_attention, in one pass each).
 //
 // head_rows: q [n, Hq, D] fp32 (heads D apart, any row stride) -> [Hkv, R', D], the G query heads of key/value head
 // h as its rows: row i G + g for node i (a tree's layout) or g n + i (a chain's), zero rows up to a multiple of
@@ -1038,13 +1038,13 @@ static Tensor swiglu(const Tensor& gu) {
   return out;
 }
 
-// _attention_rows for queries head_rows has already padded: softmax(q k^T + bias) v, every padded row kept
+// attention_rows for queries head_rows has already padded: softmax(q k^T + bias) v, every padded row kept
 static Tensor attention_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias) {
   auto s = at::matmul(q, k.transpose(-1, -2));
   return at::matmul(at::softmax(s.add_(bias), -1), v);
 }
 
-// -> o [Hkv, n, G, D] fp32 (_tree_attention's before its final transpose and reshape)
+// -> o [Hkv, n, G, D] fp32 (tree_attention's before its final transpose and reshape)
 static Tensor tree_attention(const Tensor& q, const Tensor& kc, const Tensor& vc, int64_t Hkv, int64_t S, int64_t Sk,
                              int64_t base, const Tensor& gather, const Tensor& bias, const OptT& inv,
                              const OptT& slow, const OptT& slow_gather, bool rescore, int64_t rows) {
@@ -2137,57 +2137,6 @@ static Tensor residual(const Tensor& x, const Tensor& y, bool in_place) {
   return o;
 }
 
-// sampling.argmax on the CPU: each row's index of its first maximum, exactly torch.argmax's (a NaN counts as the
-// largest, the first NaN wins; ties, -0 against 0 included, go to the first), for the verify's greedy picks over a
-// tree's rows of 49,152 logits: two passes a row (the max, or whether there is a NaN; then the first index holding
-// it), the rows over the threads. x [R, V] bf16 or fp32, contiguous.
-template <typename T>
-V16_TARGET static int64_t first_max(const T* x, int64_t V) {
-  auto load = [&](int64_t j) V16_TARGET {
-    if constexpr (std::is_same_v<T, float>) return _mm512_loadu_ps(x + j);
-    else return v16_load(x + j);
-  };
-  __m512 top = _mm512_set1_ps(-INFINITY);
-  __mmask16 nan = 0;
-  int64_t j = 0;
-  for (; j + 16 <= V && !nan; j += 16) {
-    const __m512 v = load(j);
-    nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    top = _mm512_max_ps(top, v);
-  }
-  float mx = _mm512_reduce_max_ps(top);
-  for (int64_t t = j; t < V && !nan; ++t) {
-    const float f = static_cast<float>(x[t]);
-    if (f != f) nan = 1;
-    else if (f > mx) mx = f;
-  }
-  const __m512 mv = _mm512_set1_ps(mx);
-  for (j = 0; j + 16 <= V; j += 16) {   // the first NaN, or the first entry equal to the max
-    const __m512 v = load(j);
-    const __mmask16 hit = nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(v, mv, _CMP_EQ_OQ);
-    if (hit) return j + __builtin_ctz(hit);
-  }
-  for (; j < V; ++j) {
-    const float f = static_cast<float>(x[j]);
-    if (nan ? f != f : f == mx) return j;
-  }
-  return 0;   // unreachable: the max is some entry
-}
-
-static Tensor row_argmax(const Tensor& x) {
-  TORCH_CHECK(v16_ok() && x.is_cpu() && x.dim() == 2 && x.is_contiguous() && x.size(1) > 0 &&
-              (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat), "row_argmax: x [R, V] bf16 or fp32");
-  const int64_t R = x.size(0), V = x.size(1);
-  auto out = at::empty({R}, x.options().dtype(at::kLong));
-  int64_t* o = out.data_ptr<int64_t>();
-  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      o[r] = x.scalar_type() == at::kFloat ? first_max(x.data_ptr<float>() + r * V, V)
-                                           : first_max(x.data_ptr<at::BFloat16>() + r * V, V);
-  });
-  return out;
-}
-
 // eagle_rows' conversions and gathers as loops where they fit (the same values as ATen's ops, without their
 // dispatch and iterators, which cost more than a draft's few rows): x [m, H] fp32 -> bf16 (c10's rounding)
 static bool bf16_loop_fits(const Tensor& x) {
@@ -2275,7 +2224,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("eagle_rows", &eagle_rows, "drafters/eagle_packed._rows, op for op", py::call_guard<py::gil_scoped_release>());
   m.def("int8_product", &int8_product, "x @ (w * s)^T for a draft's int8 weights (the kernel where it fits, else ATen's)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("row_argmax", &row_argmax, "each row's first maximum of x [R, V] (torch.argmax's index)");
   m.def("draft_top", &draft_top, "(the k largest log-softmax values of each row of y [n, V], their indices)");
   m.def("own_attention", &own_attention, "the target's attention loop on, or off (ATen's ops), or as it is; -> was it on",
         py::arg("on") = py::none());

@@ -43,7 +43,7 @@ import threading
 from pathlib import Path
 
 SRC = Path(__file__).parent / "csrc" / "span.cpp"
-BUILD = Path(__file__).resolve().parent.parent / ".build" / "native"
+BUILD = Path(__file__).resolve().parents[2] / ".build" / "native"
 _lock = threading.Lock()
 _state: dict = {}
 
@@ -96,6 +96,6 @@ def _build(verbose: bool):
         return None, f"the C++ layer loop could not be built ({type(e).__name__}: {msg})"
 
 
-if __name__ == "__main__":   # `python -m specdec_core.native`: build now (make setup), say whether it is in use
+if __name__ == "__main__":   # `python -m specdec_core.fast.native`: build now (make setup), say whether it is in use
     m = module(verbose=True)
     print("the forward's C++ layer loop is built" if m is not None else why())

@@ -31,20 +31,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..forward import mask_bias, native_op, scripted
-from .packed import parts, product, product_of
-
-
-def grown(t: torch.Tensor, dim: int, rows: int, keep: int) -> torch.Tensor:
-    """t, or a copy with at least `rows` entries along `dim` (doubling, so growth stays rare) whose first `keep`
-    entries are t's."""
-    if rows <= t.shape[dim]:
-        return t
-    shape = list(t.shape)
-    shape[dim] = max(rows, 2 * t.shape[dim])
-    new = t.new_empty(shape)
-    new.narrow(dim, 0, keep).copy_(t.narrow(dim, 0, keep))
-    return new
+from ..forward import grown, mask_bias, scripted
+from .packed import native_op, parts, product, product_of
 
 
 class Scratch:
