@@ -461,27 +461,29 @@ class Single:
     B = 1
 
     def __init__(self, lm, hidden: bool):
-        self.lm, self.hidden = lm, hidden
-        self.cache = lm.new_cache()
+        self.be, self.hidden = lm.backend, hidden   # ours (OwnForward) or transformers' (HFForward)
+        self.cache = self.be.new_cache()
 
+    @torch.inference_mode()
     def prefill(self, rows: list[list[int]]):
         """All the prompt but its pending token, in one pass -> [hidden states [n, H]], or None."""
         if not rows[0]:
             return None
-        out = self.lm.forward(torch.tensor(rows[0]), self.cache, last_only=True, hidden=self.hidden)
+        out = self.be.forward(torch.tensor(rows[0]), self.cache, last_only=True, hidden=self.hidden)
         return [out[1]] if self.hidden else None
 
+    @torch.inference_mode()
     def score(self, new: list[Slots]):
         """[the row's new slots] -> [(logits [n, V], final-norm hidden [n, H] or None)], in one forward."""
         s = new[0]
         self.base = self.cache.get_seq_length()
         if s.tree is not None:
-            return [self.lm.tree_forward(self.cache, torch.tensor(s.ids, dtype=torch.long), s.tree)]
-        out = self.lm.forward(torch.tensor(s.ids), self.cache, hidden=self.hidden)
+            return [self.be.tree_forward(self.cache, torch.tensor(s.ids, dtype=torch.long), s.tree)]
+        out = self.be.forward(torch.tensor(s.ids), self.cache, hidden=self.hidden)
         return [out if self.hidden else (out, None)]
 
     def commit(self, i: int, kept: list[int]) -> None:
-        self.lm.backend.keep(self.cache, self.base, kept)
+        self.be.keep(self.cache, self.base, kept)
 
     def end_step(self) -> None:
         pass

@@ -442,9 +442,10 @@ def test_heads_rank_only_their_draft_vocabulary():
 
 
 def test_packed_heads_rank_as_the_module():
-    """Drafting's packed heads (one stacked product for all heads, the LM head packed) rank what `ranked`
-    ranks on the training module (fp32: the same tokens in the same order)."""
-    from specdec_core.drafters.medusa import head_weight, ranked
+    """Drafting's heads, the trained module's (HeadRows, the reference) and the fast path's packed ones (one stacked
+    product for all heads, the LM head packed), rank what `ranked` ranks on the training module (fp32: the same
+    tokens in the same order), with the same probabilities."""
+    from specdec_core.drafters.medusa import HeadRows, head_weight, ranked
     from specdec_core.fast.packed import PackedHeads
     from specdec_core.drafters.vocab import DraftVocab
     torch.manual_seed(1)
@@ -458,6 +459,10 @@ def test_packed_heads_rank_as_the_module():
         want = ranked(heads, w, h[None], 4)[:, 0]                                     # [3, 4]
         assert torch.equal(PackedHeads(heads, w, 3, torch.float32)(h, 4), want)
         assert torch.equal(PackedHeads(heads, w, 2, torch.float32)(h, 4), want[:2])   # the first n heads only
+        ref, ref_p = HeadRows(heads, w, 3)(h, 4, probs=True)
+        fast, fast_p = PackedHeads(heads, w, 3, torch.float32)(h, 4, probs=True)
+        assert torch.equal(ref, want) and torch.equal(fast, want)
+        assert torch.allclose(ref_p, fast_p, atol=1e-5) and bool((ref_p[:, :-1] >= ref_p[:, 1:]).all())
 
 
 shipped = pytest.mark.skipif(not WEIGHTS.exists(), reason="no shipped Medusa weights")

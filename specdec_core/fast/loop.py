@@ -121,7 +121,7 @@ def loop_name(f) -> str:
 def reads_q4(f) -> bool:
     """Whether f's layer products read 4-bit tiles now (q4.attach gave them; q4_products on)."""
     on = native_op("q4_products")
-    return f is not None and any(b.qkv.q4 is not None for b in f.blocks) and on is not None and on()
+    return f is not None and any(getattr(b.qkv, "q4", None) is not None for b in f.blocks) and on is not None and on()
 
 
 def span_layers():
