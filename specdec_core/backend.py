@@ -462,7 +462,7 @@ class Single:
 
     def __init__(self, lm, hidden: bool):
         self.be, self.hidden = lm.backend, hidden   # ours (OwnForward) or transformers' (HFForward)
-        self.cache = self.be.new_cache()
+        self.cache = lm.new_cache()
 
     @torch.inference_mode()
     def prefill(self, rows: list[list[int]]):
