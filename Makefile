@@ -56,7 +56,12 @@ run: setup
 	$(BIN)/streamlit run app/main.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 test: setup
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not slow and not long" tests
+
+# the longer sweeps the quick suite leaves out (more prompts, temperatures and trials; CI runs them after make test)
+.PHONY: test-long
+test-long: setup
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m long tests
 
 # a classroom at once: 20 sessions press Generate together (a few minutes); SESSIONS=30 make load-test
 SESSIONS ?= 20

@@ -34,13 +34,13 @@ deterministic inference) is what this file buys, and each choice below says what
   * RoPE's cos/sin come from one table indexed by position, never recomputed per call.
   * Everything else is elementwise or a per-row reduction over a fixed width.
 
-Speed: on the CPU each weight is pre-packed once into oneDNN's blocked layout (Dense), instead of being
-re-laid out inside every product; a one-row call (decode, chain verify, tree, prefill) runs its layer loop as one
-TorchScript function (_span_layers), the same ops in the same order as the op-by-op loop, without Python between
-them. TorchScript is deprecated in torch in favour of torch.compile, but inductor cannot lower the pre-packed
-oneDNN product (tried: an assertion on the packed weight), and scripting needs no compiler and no per-shape work.
-Where a C++ compiler is at hand the same loop runs as C++ (native.py: the same ATen ops, bitwise, ~11% of a step
-less on a 2-core CPU); `span_layers()` picks it.
+This file is the reference: every product is a `Linear` (plain torch), and the layers run op by op (`_layers`).
+The fast path (specdec_core/fast/, which backend.py attaches as `Forward.fast`) computes the same things faster and
+decides nothing: each weight prepared once in oneDNN's blocked layout (fast/packed.py's Dense, a Linear whose rows
+are padded the same way), a one-row call's layers as one loop in TorchScript or C++ (fast/loop.py), the C++
+attention. Where it is attached, a call asks it for three things (`layers`, `attend`, `kv_dtype`), each of which
+it may decline; tests hold each answer to this file's (docs/contributing.md, "The fast path, held to the
+reference"). Without it (SPECDEC_FAST=0) nothing here changes but the speed and the products' summation order.
 
 The price: a little padding, a gather for tree nodes, and attention over up to BLOCK - 1 masked keys.
 """
@@ -421,7 +421,7 @@ class Forward:
         return out.view(N, Hq * D)
 
     def _layers(self, x, N, cos, sin, scale, cache, groups, whole, one, rows_t, slots, r0, s0) -> torch.Tensor:
-        """The decoder layers, op by op: any rows, trees, batches (_span_layers is the one-row chain case)."""
+        """The decoder layers, op by op: any rows, trees, batches (the fast path's loop runs one row's in one go)."""
         Np, (Hq, Hkv, D) = x.shape[0], (self.n_heads, self.n_kv, self.head_dim)
         for l, b in enumerate(self.blocks):
             qkv = b.qkv(self._rms(x, b.ln1))                                              # [Np, (Hq+2Hkv) D]

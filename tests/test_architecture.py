@@ -387,7 +387,7 @@ if __name__ == "__main__":
 # csrc/span.cpp's entries, each a computation a Python function also writes (bit for bit, tests/test_native.py,
 # tests/test_q4.py) or a switch and probe of the kernels: none decides what a drafter drafts or when it stops
 NATIVE_ENTRIES = {
-    "span_layers": "fast/loop._span_layers", "eagle_rows": "fast/eagle_packed._rows",
+    "span_layers": "fast/loop._one_row_layers", "eagle_rows": "fast/eagle_packed._rows",
     "int8_product": "fast/packed.mm's int8 product",
     "draft_top": "topk of log_softmax", "dense": "fast/packed.Dense's product", "q4_products": "q4's products",
     "q4_lines": "q4's unpacking", "attend_chain": "Forward._attend (chains)", "attend_tree": "Forward._attend (trees)",

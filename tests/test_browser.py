@@ -107,6 +107,7 @@ def metric(page, label) -> tuple[str, str]:
     return box.locator('[data-testid="stMetricValue"]').inner_text(), delta.inner_text() if delta.count() else ""
 
 
+@pytest.mark.long
 def test_a_newcomer_walks_the_first_three_sections_and_answers_a_question(server, browser, tmp_path):
     page = browser.new_page(viewport={"width": 1500, "height": 1600})
     page.goto(server)  # the root address: what a newcomer sees first

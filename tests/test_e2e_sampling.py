@@ -167,10 +167,13 @@ CASES = [("lookup", "T0.7"), ("lookup", "T1.0-topk5-topp0.8"),
          ("medusa", "T1.0"), ("medusa", "T0.7-topk6-topp0.9"),
          ("suffix", "T0.7-topk6-topp0.9"),                  # a data-dependent tree (suffix decoding)
          ("draft", "T1.0-greedy-drafting")]                 # a model draft's argmax as a one-hot q
+LONG_CASES = {("subset", "T1.0"), ("medusa", "T0.7-topk6-topp0.9"), ("draft", "T1.0-greedy-drafting")}  # test-long
 NULL_TESTS = 5 * len(CASES)
 
 
-@pytest.mark.parametrize("drafter,sp", CASES, ids=[f"{d}-{s}" for d, s in CASES])
+@pytest.mark.parametrize("drafter,sp", [pytest.param(d, s, id=f"{d}-{s}",
+                                                    marks=[pytest.mark.long] * ((d, s) in LONG_CASES))
+                                       for d, s in CASES])
 def test_speculative_sampling_has_the_target_law(models, drafter, sp, one_thread):
     target, mk = maker(drafter, models)
     sp_kw = SP[sp]

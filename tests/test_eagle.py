@@ -337,6 +337,7 @@ def test_shipped_weights_match_manifest():
     assert sum(r["total_seconds"] for r in runs) + data_s < 160 * 60
 
 
+@pytest.mark.long
 def test_manifest_acceptance_reproduces(one_thread):
     """Two of the held-out prompts the manifest measured, greedy, same k, in the dtype and forward it names
     (prompt by prompt on the CPU kernels it names: reproduce.py)."""

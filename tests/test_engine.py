@@ -343,7 +343,11 @@ def ulp_bf16(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(x.abs().clamp(min=1e-6))) - 7)
 
 
-@pytest.mark.parametrize("prompt", list(PROMPTS))
+QUICK = ("code", "chat")   # the other prompts run in make test-long
+BY_PROMPT = [p if p in QUICK else pytest.param(p, marks=pytest.mark.long) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("prompt", BY_PROMPT)
 def test_greedy_fp32_exact(prompt, bundled_fp32, truncated_dir, monkeypatch, one_thread):
     """float32: plain decoding is transformers' generate, and every drafter gives exactly its tokens."""
     target = bundled_fp32
@@ -380,7 +384,7 @@ def test_warming_a_model_pays_the_first_decodes_costs_and_changes_no_output(bund
         lm.fwd._opened = saved
 
 
-@pytest.mark.parametrize("prompt", list(PROMPTS))
+@pytest.mark.parametrize("prompt", BY_PROMPT)
 def test_greedy_default_dtype_reference_forward(prompt, bundled_any, truncated_dir, one_thread):
     """transformers' forward (the reference) in the app's dtype. Plain decoding must equal generate() exactly:
     both run the prompt but its last token, then one token per forward. Speculation verifies several tokens per forward, and

@@ -70,8 +70,8 @@ def test_the_cpp_loop_is_the_scripted_loop_bit_for_bit(either, faithful, monkeyp
         monkeypatch.setitem(fw._IN_PLACE, (str(f.device), f.n_kv, f.n_heads // f.n_kv, f.head_dim), probe)
     ids = lm.encode("def area(r):\n    return 3.14159 * r * r\n\n" * 16).tolist()
     runs = []
-    for loop in (ext.span_layers, fl._span_layers):
-        monkeypatch.setattr(fl, "span_layers", lambda loop=loop: loop)
+    for loop in (ext.span_layers, fl._one_row_layers):
+        monkeypatch.setattr(fl, "one_row_layers", lambda loop=loop: loop)
         runs.append(calls(lm, ids))
     (a, ka), (b, kb) = runs
     assert len(a) == len(b) == 10
@@ -90,8 +90,8 @@ def test_an_int8_draft_network_runs_the_same_in_either_loop(bundled, faithful, m
     f = fl.attach(full.derive(full.blocks[:3], full.norm, full.head))
     ids = bundled.encode("A list of primes: 2, 3, 5, 7, 11, 13, 17, 19, 23").tolist()
     outs = []
-    for loop in (ext.span_layers, fl._span_layers):
-        monkeypatch.setattr(fl, "span_layers", lambda loop=loop: loop)
+    for loop in (ext.span_layers, fl._one_row_layers):
+        monkeypatch.setattr(fl, "one_row_layers", lambda loop=loop: loop)
         c = f.new_cache()
         outs.append([f.append(torch.tensor(ids[:-4]), c)] + [f.append(torch.tensor([t]), c) for t in ids[-4:]])
     assert all(torch.equal(x, y) for x, y in zip(*outs))

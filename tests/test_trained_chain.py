@@ -73,6 +73,7 @@ def test_shipped_weights_match_manifest(kind):
     assert man["total_seconds"] < 30 * 60 and man["train_seconds"] + data_s < 30 * 60
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("kind", KINDS)
 def test_manifest_acceptance_reproduces(bf16, kind, one_thread):
     """A short check: re-run three of the held-out prompts the manifest measured, greedy, same k, on the

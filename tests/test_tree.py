@@ -225,9 +225,11 @@ def _pvalue(counts, probs) -> float:
 
 WIDE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0)]
 DEEP = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0)]
-CASES = [  # every tree shape, every way of drawing siblings, both temperatures
-    (SMALL, "ranked", 0.7), (WIDE, "ranked", 1.2), (DEEP, "ranked", 1.2),
-    (WIDE, "iid", 0.7), (DEEP, "iid", 1.2), (SMALL, "wor", 1.2), (DEEP, "wor", 0.7),
+LONG = pytest.mark.long   # make test-long
+CASES = [  # every tree shape, every way of drawing siblings, both temperatures (all three in the quick run)
+    (SMALL, "ranked", 0.7), pytest.param(WIDE, "ranked", 1.2, marks=LONG), (DEEP, "ranked", 1.2),
+    (WIDE, "iid", 0.7), pytest.param(DEEP, "iid", 1.2, marks=LONG), (SMALL, "wor", 1.2),
+    pytest.param(DEEP, "wor", 0.7, marks=LONG),
 ]
 
 

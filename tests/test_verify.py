@@ -75,7 +75,8 @@ def case(name: str, k: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
 
 # 10^5 trials for the main cases; the two edge cases are also checked exactly (every draft rejected /
 # every draft accepted), so fewer trials suffice for their goodness of fit
-CASES = [("random", 3, TRIALS), ("one-hot", 2, TRIALS), ("zeros", 2, TRIALS),
+CASES = [("random", 3, TRIALS), pytest.param("one-hot", 2, TRIALS, marks=pytest.mark.long),
+         pytest.param("zeros", 2, TRIALS, marks=pytest.mark.long),
          ("disjoint", 2, TRIALS // 5), ("equal", 2, TRIALS // 5)]
 
 

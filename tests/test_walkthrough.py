@@ -285,6 +285,7 @@ def _said(at) -> str:
     return "\n".join(x.value for xs in (at.markdown, at.caption, at.warning, at.success, at.info) for x in xs)
 
 
+@pytest.mark.long
 def test_live_timings_and_verdicts_follow_the_measuring_rule(walk):
     """Section 1 and 6 time passes through the app's forward in repeated pairs, saying how and marking noise;
     section 5 judges each workload with the Workloads page's function and says per row whether it lands; section 7's

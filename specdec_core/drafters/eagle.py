@@ -28,8 +28,9 @@ deterministic and verify_tree.py's exact rule applies unchanged: the output law 
 `Head` is the module training unrolls; drafting calls it through `HeadRows` (one call for the rows committed since
 the last step and the root, then one call per tree level over all of its rows), or, with the fast path, a packed copy
 of its weights that computes the same rows (backend.eagle_rows). How the tree grows (which nodes to expand, when
-to stop) is decided here only, in `_grow`, in Python: a fast path may compute a level's rows, never the choice. `_grow` ranks a level's few candidates (topk per row) in Python lists, not
-tensors: each tensor op costs a few microseconds whatever its size, more than Python's arithmetic on four numbers.
+to stop) is decided here only, in `_grow`, in Python: a fast path may compute a level's rows, never the choice.
+`_grow` ranks a level's few candidates (topk per row) in Python lists, not tensors: each tensor op costs a few
+microseconds whatever its size, more than Python's arithmetic on four numbers.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ few times per step on at most `topk` rows, where every fp32, re-laid-out product
 rebuild costs more than the arithmetic, so the module path would cost more than a target step. This is the same
 network for inference only:
 
-  * every weight is a `forward.Dense`, packed once for oneDNN (rows unpadded: packed.py), in the target's
+  * every weight is a `packed.Dense`, packed once for oneDNN (rows unpadded: packed.py), in the target's
     dtype, with the products fused where one matmul can do two (q|k|v and gate|up, as forward.Block does); the
     draft-vocabulary LM head too. The residual stream, norms, RoPE and attention stay in fp32.
   * attention runs over a k/v scratch kept for the sequence (the committed rows; each tree level appends its
@@ -18,7 +18,7 @@ round differently; verification is exact whatever the draft computes, so that ca
 
 What is left is mostly reading weights (fc, the layer and the draft-vocabulary LM head, once per tree level), so on
 the CPU (`int8=True`, Eagle's default there) every weight is stored in int8 with a scale per output row
-(forward.Dense's int8: half the bytes, the activations in the model dtype). The rest of a level is ~60 small ops on
+(packed.Dense's int8: half the bytes, the activations in the model dtype). The rest of a level is ~60 small ops on
 a few rows, each costing more to dispatch than to compute: where native.py builds it, a level runs csrc/span.cpp's
 `eagle_rows`, the same layer from C++ (bitwise the scripted `_rows` with its own loops off: `draft_loops(False)`,
 tests/test_native.py; with them on, the int8 products, the head's attention and the level's top-k run as loops that
@@ -55,7 +55,7 @@ class PackedHead:
                  int8: bool = False, ids: torch.Tensor | None = None):
         """head: an eagle.Head (its weights are copied, in `dtype`); embed [V, H]: the target's token embedding;
         lm_w [v, H]: the target's LM-head rows for the draft vocabulary, ids [v] their target ids (None: all V).
-        int8: the products' weights in int8 where forward.int8_ok (the CPU, with the kernel)."""
+        int8: the products' weights in int8 where packed.int8_ok (the CPU, with the kernel)."""
         dev = embed.device
         w = lambda *mods: torch.cat([m.weight.detach() for m in mods]).to(dev, dtype).contiguous()   # noqa: E731
         f32 = lambda t: t.detach().to(dev, torch.float32)                                            # noqa: E731
@@ -127,7 +127,7 @@ class PackedHead:
 
 def rows():
     """The level's layer: native.py's C++ port of _rows where this machine builds it (the same bits, fewer
-    interpreter steps), else _rows. Resolved once a process (forward.native_op)."""
+    interpreter steps), else _rows. Resolved once a process (packed.native_op)."""
     return native_op("eagle_rows") or _rows
 
 

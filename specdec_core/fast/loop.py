@@ -3,7 +3,7 @@ are prepared (packed.Dense). backend.py attaches it; forward.py runs without it,
 
 A one-row call (a decode step, a chain verify, a tree, a prefill, a draft model's step) runs its decoder layers as
 one function, the same ops in the same order as forward.Forward._layers, without Python between them: csrc/span.cpp's
-`span_layers` where native.py builds it (the same ATen ops from C++), else `_span_layers`, the TorchScript function.
+`span_layers` where native.py builds it (the same ATen ops from C++), else `_one_row_layers`, the TorchScript function.
 TorchScript is deprecated in torch in favour of torch.compile, but inductor cannot lower the pre-packed oneDNN product
 (an assertion on the packed weight), and scripting needs no compiler and no per-shape work. Attention runs in
 csrc/span.cpp's loop where it is built, as that loop runs it (the same bits a query). tests/test_forward.py and
@@ -66,7 +66,7 @@ class Loop:
             return None
         f = self.f
         ch, tr = [g for g in groups if g[0] == "chain"], [g[4] for g in groups if g[0] == "tree"]
-        return span_layers()(x, cos, sin, f.qk_scale, [g[5] for g in ch], [g[6][1] for g in ch],
+        return one_row_layers()(x, cos, sin, f.qk_scale, [g[5] for g in ch], [g[6][1] for g in ch],
                              [g[6][2] for g in ch], [g[1] for g in ch], *self.w, cache.k, cache.v, r0, s0, N,
                              f.n_heads, f.n_kv, f.head_dim, f.eps, MAX_ROWS,
                              [g[3] for g in groups if g[0] == "tree"], [t.S for t in tr], [t.Sk for t in tr],
@@ -113,7 +113,7 @@ def loop_name(f) -> str:
         return ""
     if f.fast is None or f.fast.w is None:
         return "op-by-op layer loop"
-    if span_layers() is _span_layers:
+    if one_row_layers() is _one_row_layers:
         return "TorchScript layer loop"
     return "C++ layer loop, 4-bit products" if reads_q4(f) else "C++ layer loop"
 
@@ -124,10 +124,10 @@ def reads_q4(f) -> bool:
     return f is not None and any(getattr(b.qkv, "q4", None) is not None for b in f.blocks) and on is not None and on()
 
 
-def span_layers():
-    """The one-row layer loop: native.py's C++ build of _span_layers where this machine has one (the same ATen
+def one_row_layers():
+    """The one-row layer loop: native.py's C++ build of _one_row_layers where this machine has one (the same ATen
     ops, so the same bits, without the interpreter), else the TorchScript function. Resolved once a process."""
-    return native_op("span_layers") or _span_layers
+    return native_op("span_layers") or _one_row_layers
 
 @scripted
 def dense_rows(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: Optional[torch.Tensor], packed: bool,
@@ -143,32 +143,34 @@ def dense_rows(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: O
 
 
 @scripted
-def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: torch.Tensor,
-                 biases: List[torch.Tensor], starts: List[int], counts: List[int], key_lens: List[int],
-                 ln1: List[torch.Tensor], qkv_w: List[torch.Tensor], qkv_b: List[Optional[torch.Tensor]],
-                 o_w: List[torch.Tensor], o_b: List[Optional[torch.Tensor]], ln2: List[torch.Tensor],
-                 gu_w: List[torch.Tensor], down_w: List[torch.Tensor], sc: List[List[Optional[torch.Tensor]]],
-                 ks: List[torch.Tensor],
-                 vs: List[torch.Tensor], row: int, s0: int, N: int, Hq: int, Hkv: int, D: int, eps: float,
-                 max_rows: int, t_idx: List[torch.Tensor], t_S: List[int], t_Sk: List[int], t_base: List[int],
-                 t_gather: List[torch.Tensor], t_bias: List[torch.Tensor], t_inv: List[Optional[torch.Tensor]],
-                 t_slow: List[Optional[torch.Tensor]], t_slow_gather: List[Optional[torch.Tensor]],
-                 t_rescore: List[bool], t_first: List[int], rows: int) -> torch.Tensor:
-    """forward.Forward._layers for one row whose N tokens take consecutive slots from s0: chain groups, each a span of
-    queries [start, start + count) over key_lens slots (slot == position), and tree groups (t_*: a TreePlan's
-    fields, the nodes t_idx, consecutive from t_first or -1), the same ops in the same order (so the same bits),
-    with no Python between them. sc[l]: layer l's int8 row scales of qkv, o, gate|up and down (Dense.s; None
-    where a product is not int8: always, for a target).
+def _one_row_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: torch.Tensor,
+                    biases: List[torch.Tensor], starts: List[int], counts: List[int], key_lens: List[int],
+                    ln1: List[torch.Tensor], qkv_w: List[torch.Tensor], qkv_b: List[Optional[torch.Tensor]],
+                    o_w: List[torch.Tensor], o_b: List[Optional[torch.Tensor]], ln2: List[torch.Tensor],
+                    gu_w: List[torch.Tensor], down_w: List[torch.Tensor],
+                    scales: List[List[Optional[torch.Tensor]]], ks: List[torch.Tensor], vs: List[torch.Tensor],
+                    row: int, s0: int, N: int, Hq: int, Hkv: int, D: int, eps: float, max_rows: int,
+                    tree_nodes: List[torch.Tensor], tree_S: List[int], tree_Sk: List[int], tree_base: List[int],
+                    tree_gather: List[torch.Tensor], tree_bias: List[torch.Tensor],
+                    tree_inv: List[Optional[torch.Tensor]], tree_slow: List[Optional[torch.Tensor]],
+                    tree_slow_gather: List[Optional[torch.Tensor]], tree_rescore: List[bool], tree_first: List[int],
+                    rows: int) -> torch.Tensor:
+    """forward.Forward._layers for one row whose N tokens take consecutive slots from s0: chain groups, each a run of
+    queries [start, start + count) over key_lens slots (slot == position), and tree groups (tree_*: a TreePlan's
+    fields, the nodes tree_nodes, consecutive from tree_first or -1), the same ops in the same order (so the same
+    bits), with no Python between them. scales[l]: layer l's int8 row scales of qkv, o, gate|up and down (Dense.s;
+    None where a product is not int8: always, for a target). The C++ loop (csrc/span.cpp's span_layers) takes the
+    same arguments in the same order.
     x [Np, H] embedded, padded to a multiple of ROWS."""
     Np = x.shape[0]
     G = Hq // Hkv
     for l in range(len(ln1)):
-        qkv = dense_rows(rms_norm(x, ln1[l], eps), qkv_w[l], sc[l][0], qkv_b[l], True, max_rows, rows)  # [Np, ..]
+        qkv = dense_rows(rms_norm(x, ln1[l], eps), qkv_w[l], scales[l][0], qkv_b[l], True, max_rows, rows)  # [Np, ..]
         qk = rotate(qkv[:, :(Hq + Hkv) * D].float().view(Np, Hq + Hkv, D), cos, sin) * scale
         ks[l][row, :, s0:s0 + N] = qk[:N, Hq:].transpose(0, 1)
         vs[l][row, :, s0:s0 + N] = qkv[:N, (Hq + Hkv) * D:].view(N, Hkv, D).transpose(0, 1)
         out = torch.zeros(0)
-        if len(starts) + len(t_idx) > 1 or N != Np:
+        if len(starts) + len(tree_nodes) > 1 or N != Np:
             out = qk.new_zeros(Np, Hq, D)
         for j in range(len(starts)):
             a, n, S = starts[j], counts[j], key_lens[j]
@@ -180,19 +182,20 @@ def _span_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: t
                 out = o
             else:
                 out[a:a + n] = o
-        for j in range(len(t_idx)):
-            a, n = t_first[j], t_idx[j].shape[0]        # a >= 0: the nodes are queries a .. a + n - 1 (slices)
-            o = tree_attention(qk[a:a + n, :Hq] if a >= 0 else qk[t_idx[j], :Hq], ks[l][row], vs[l][row], Hkv,
-                                t_S[j], t_Sk[j], t_base[j], t_gather[j], t_bias[j], t_inv[j], t_slow[j],
-                                t_slow_gather[j], t_rescore[j], rows)
+        for j in range(len(tree_nodes)):
+            a, n = tree_first[j], tree_nodes[j].shape[0]        # a >= 0: the nodes are queries a .. a + n - 1 (slices)
+            o = tree_attention(qk[a:a + n, :Hq] if a >= 0 else qk[tree_nodes[j], :Hq], ks[l][row], vs[l][row], Hkv,
+                               tree_S[j], tree_Sk[j], tree_base[j], tree_gather[j], tree_bias[j], tree_inv[j],
+                               tree_slow[j], tree_slow_gather[j], tree_rescore[j], rows)
             if out.dim() == 1:
                 out = o
             elif a >= 0:
                 out[a:a + n] = o
             else:
-                out[t_idx[j]] = o
+                out[tree_nodes[j]] = o
         att = out.reshape(Np, Hq * D).to(x.dtype)
-        x = x + dense_rows(att, o_w[l], sc[l][1], o_b[l], True, max_rows, rows)
-        gu = dense_rows(rms_norm(x, ln2[l], eps), gu_w[l], sc[l][2], None, True, max_rows, rows).chunk(2, -1)  # [Np, I]
-        x = x + dense_rows(torch.nn.functional.silu(gu[0]) * gu[1], down_w[l], sc[l][3], None, True, max_rows, rows)
+        x = x + dense_rows(att, o_w[l], scales[l][1], o_b[l], True, max_rows, rows)
+        gu = dense_rows(rms_norm(x, ln2[l], eps), gu_w[l], scales[l][2], None, True, max_rows, rows).chunk(2, -1)
+        x = x + dense_rows(torch.nn.functional.silu(gu[0]) * gu[1], down_w[l], scales[l][3], None, True, max_rows,
+                           rows)                                                                     # gu: [Np, I] each
     return x

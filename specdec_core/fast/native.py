@@ -1,22 +1,22 @@
 """The forward's layer loop and the EAGLE head's layer compiled as C++ (csrc/span.cpp) where this machine can build
 them; TorchScript elsewhere.
 
-forward._span_layers runs a one-row call's decoder layers (a decode step, a chain verify, a tree, a prefill) as one
+fast/loop._one_row_layers runs a one-row call's decoder layers (a decode step, a chain verify, a tree, a prefill) as one
 TorchScript function. Its ~90 small ops a layer each pass through TorchScript's interpreter, which boxes every
 argument and result; csrc/span.cpp calls the same ATen ops, in the same order, straight from C++, so the logits
-and the cache are bitwise the same with its own loops below off (tests/test_native.py) and a step is shorter by the interpreter's share; the
-elementwise stretches (RoPE with the cache writes; RMSNorm's parts around ATen's sum, with the residual add before
+and the cache are bitwise the same with its own loops below off (tests/test_native.py) and a step is shorter by the
+interpreter's share; the elementwise stretches (RoPE with the cache writes; RMSNorm's parts around ATen's sum, with the residual add before
 it; SwiGLU through a table of ATen's bf16 silu) and attention's row moves (queries into each key/value head's rows,
 the output back in row order, converted once) are plain loops that compute the same bits (docs/forward.md says why
 they can; it also has their figures).
-The EAGLE head's layer (drafters/eagle_packed._rows), run once per
+The EAGLE head's layer (fast/eagle_packed._rows), run once per
 tree level, is ported the same way; which nodes a level expands, and when a tree stops, stays in Python
 (drafters/eagle.py's _grow): a port computes, it does not decide.
 
 Drafts also get loops of their own, which round differently from ATen's ops (a draft may: verification is exact
 whatever it proposes): an int8-weight product with int16 activations on AVX-512 VNNI, or on AMX's int8 tiles at 2+
 rows (`int8_product`, exact integer sums either way, so the same bits; every int8 draft product, in either loop or
-through drafters/packed.mm; `int8_amx(False)` keeps VNNI's), EAGLE's level attention and a one-pass top-k of
+through fast/packed.mm; `int8_amx(False)` keeps VNNI's), EAGLE's level attention and a one-pass top-k of
 log-probs (`draft_top`). `draft_loops(False)` turns them off, so the bitwise tests compare ATen's ops op for op.
 The target's attention, too, runs as one loop per query (`own_attention`; docs/forward.md says why a query gets the
 same bits however it is batched, and forward.Forward._attend calls it for batches), which rounds differently from
@@ -68,8 +68,8 @@ def why() -> str:
 
 
 def op(name: str):
-    """One of csrc/span.cpp's functions, or None (off, or not buildable here): `span_layers` (forward._span_layers'
-    signature and bits), `eagle_rows` (drafters/eagle_packed._rows'), and
+    """One of csrc/span.cpp's functions, or None (off, or not buildable here): `span_layers` (fast/loop._one_row_layers'
+    signature and bits), `eagle_rows` (fast/eagle_packed._rows'), and
     the kernels' entries and switches."""
     if not enabled():
         return None

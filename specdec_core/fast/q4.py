@@ -9,7 +9,7 @@ add does), then multiplies them with fp32 sums on AMX's tiles (or, asked for, AV
 element is one sum in one order whatever rows come with it, so the forward stays batch-invariant; on AMX that order
 is oneDNN's own, so the logits are its packed product's bit for bit (tests/test_q4.py).
 
-`attach(fwd, path)` packs each layer's Q4_1 blocks into the kernel's tiles (forward.Dense.q4) and keeps them only
+`attach(fwd, path)` packs each layer's Q4_1 blocks into the kernel's tiles (packed.Dense.q4) and keeps them only
 where the kernel's own unpacking gives back every bf16 weight bit for bit; the oneDNN-packed bf16 weights stay
 beside them (q4_products(False) switches back, as the bitwise tests do). Without AMX they run on AVX-512 BF16 dot
 products, each row alone, so the forward pads no rows for them (its own order: the bits differ from oneDNN's in a
