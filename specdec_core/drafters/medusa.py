@@ -63,11 +63,19 @@ def head_weight(heads: Heads, lm_head: nn.Module) -> torch.Tensor:
     return heads.vocab.head(w) if heads.vocab is not None else w
 
 
+def head_logits(heads: Heads, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """h [N, H] -> [D, N, v] fp32: each head's logits over the LM-head rows w [v, H]."""
+    return F.linear(heads(h).to(w.dtype), w).float()
+
+
+def target_ids(heads: Heads, top: torch.Tensor) -> torch.Tensor:
+    """Indices into the rows the heads score -> target token ids."""
+    return heads.vocab.ids.to(top.device)[top] if heads.vocab is not None else top
+
+
 def ranked(heads: Heads, w: torch.Tensor, h: torch.Tensor, k: int) -> torch.Tensor:
     """h [N, H] -> [D, N, k] target ids: each head's k best tokens, best first."""
-    x = heads(h).to(w.dtype)
-    top = torch.topk(F.linear(x, w).float(), k, dim=-1).indices
-    return heads.vocab.ids.to(top.device)[top] if heads.vocab is not None else top
+    return target_ids(heads, torch.topk(head_logits(heads, w, h), k, dim=-1).indices)
 
 
 class HeadRows:
@@ -80,10 +88,9 @@ class HeadRows:
     def __call__(self, h: torch.Tensor, k: int, probs: bool = False):
         """h [H] -> [n, k] target ids: each head's k best tokens, best first; with `probs` also [n, k] each
         head's probability of them (softmax over the tokens it ranks)."""
-        x = self.heads(h[None])[:self.n, 0]                                                        # [n, H]
-        logits = F.linear(x.to(self.w.dtype), self.w).float()                                      # [n, v]
+        logits = head_logits(self.heads, self.w, h[None])[:self.n, 0]                             # [n, v]
         lp, top = torch.topk(torch.log_softmax(logits, -1), k, -1)                                 # [n, k]
-        ids = self.heads.vocab.ids.to(top.device)[top] if self.heads.vocab is not None else top
+        ids = target_ids(self.heads, top)
         return (ids, lp.exp()) if probs else ids
 
 

@@ -17,7 +17,7 @@ import torch
 
 from .. import forward as fw
 from ..forward import MAX_ROWS, attention_rows, linear_rows, rms_norm, rotate, scripted, tree_attention
-from .packed import kernels_now, native_op
+from .packed import kernels_now, native_op, product_of
 
 
 class Loop:
@@ -137,8 +137,7 @@ def dense_rows(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: O
     if s is not None and s.dtype == torch.uint8:
         s = None
     if s is not None:
-        y = torch.ops.aten._weight_int8pack_mm(x, w, s)
-        return y if b is None else y + b
+        return product_of(x, w, s, b, packed)
     return linear_rows(x, w, b, packed, max_rows, rows)
 
 
