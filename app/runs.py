@@ -88,7 +88,7 @@ class Run:
 FORWARDS = dict(zip(FORWARD_NAMES, ("ours: batch-invariant", "transformers' (reference)")))   # models.FORWARDS, in words
 
 
-@st.cache_resource(show_spinner="Loading the model: once per server, about 20 seconds…", max_entries=6)
+@st.cache_resource(show_spinner="Loading the model: once per server, a few seconds (about 20 the first time on a machine)…", max_entries=6)
 def _model(spec: str, fmt: str | None):
     lm = load(spec) if fmt is None else formats.load_format(fmt, spec)
     try:

@@ -231,6 +231,39 @@ def bundled_gguf() -> Path:
     return bundled_dir() / _GGUF
 
 
+CONVERTED = Path(__file__).resolve().parent.parent / ".build" / "bundled"
+
+
+def _bundled_dense(dt: torch.dtype):
+    """(tokenizer, model) of the bundled GGUF in dtype dt. transformers parses the file three times (tokenizer,
+    config, weights: ~20 s on one core), so the first load on a machine also writes what it read as a plain model
+    directory (safetensors, config, tokenizer) under .build/bundled/, and later loads read that in about a second:
+    the same tensors bit for bit (tests/test_models.py). The directory's name holds the file's size and time, the
+    dtype and the transformers version, so a new file or library converts again; where .build is not writable the
+    GGUF is read every time."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    src = bundled_gguf()
+    st = src.stat()
+    d = CONVERTED / f"{st.st_size}-{int(st.st_mtime)}-{str(dt).removeprefix('torch.')}-{transformers.__version__}"
+    if (d / "config.json").exists():
+        return AutoTokenizer.from_pretrained(d), AutoModelForCausalLM.from_pretrained(d, dtype=dt)
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=_GGUF)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=_GGUF, dtype=dt, **_gguf_dense())
+    except TypeError:
+        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=_GGUF, dtype=dt)
+    tmp = CONVERTED / f".{d.name}.{os.getpid()}"
+    try:  # written aside, then renamed: a load beside this one never reads half a directory
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.rename(d)
+    except OSError:  # not writable, or another process renamed first: theirs is the same
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tok, model
+
+
 def _gguf_dense():
     """Ask transformers to unpack the GGUF into plain dense weights (it does so anyway where it has no
     packed-matmul kernel, after warning that the weights would "stay quantized": here they never do)."""
@@ -323,12 +356,7 @@ def load(spec: str = BUNDLED, dtype: str | torch.dtype | None = None, device: st
     spec = str(spec).strip()
     try:
         if spec == BUNDLED:
-            d = bundled_dir()
-            tok = AutoTokenizer.from_pretrained(d, gguf_file=_GGUF)
-            try:
-                model = AutoModelForCausalLM.from_pretrained(d, gguf_file=_GGUF, dtype=dt, **_gguf_dense())
-            except TypeError:
-                model = AutoModelForCausalLM.from_pretrained(d, gguf_file=_GGUF, dtype=dt)
+            tok, model = _bundled_dense(dt)
             name = BUNDLED_NAME
         else:
             d = local_dir(spec)

@@ -1,4 +1,5 @@
-"""Shared fixtures: the bundled model is loaded once per test session (about 15 s cold).
+"""Shared fixtures: the bundled model is loaded once per test process (a second or two once
+models.py has converted its GGUF on this machine; about 20 s the first time).
 
 `make test` runs the suite in one process per core (pytest-xdist, whole files per process): each process then
 runs torch on one thread, so two processes use two cores without their thread pools spinning against each other.
@@ -28,9 +29,10 @@ def bundled_any(request, bundled):
 
 
 @pytest.fixture(scope="session")
-def bundled_fp32():
-    """The bundled model de-quantized to float32: chunking-independent argmax for exactness tests."""
-    return load("bundled", dtype="fp32", device="cpu")
+def bundled_fp32(bundled):
+    """The bundled model de-quantized to float32: chunking-independent argmax for exactness tests (the same
+    model as `bundled` where float32 is this machine's default)."""
+    return bundled if bundled.dtype == torch.float32 else load("bundled", dtype="fp32", device="cpu")
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

@@ -343,7 +343,7 @@ def ulp_bf16(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(x.abs().clamp(min=1e-6))) - 7)
 
 
-QUICK = ("code", "chat")   # the other prompts run in make test-long
+QUICK = ("code",)   # the other prompts run in make test-long
 BY_PROMPT = [p if p in QUICK else pytest.param(p, marks=pytest.mark.long) for p in PROMPTS]
 
 

@@ -249,3 +249,23 @@ def test_a_draft_vocabulary_head_still_scores_every_token(bundled):
     assert d.vocab_size < d.n_tokens == bundled.n_tokens == 49152
     logits = d.forward(bundled.encode("Hi"), d.new_cache())
     assert logits.shape[-1] == 49152 and torch.isfinite(logits).sum(-1).min() == 8192
+
+
+def test_the_bundled_model_converted_once_reads_back_bit_for_bit(tmp_path, monkeypatch, one_thread):
+    """The first load on a machine reads the GGUF and writes what it read as a model directory; the next reads
+    that directory instead: the same tensors bit for bit, the same config, tokenizer and chat template."""
+    from specdec_core import models
+    monkeypatch.setattr(models, "CONVERTED", tmp_path)
+    tok, first = models._bundled_dense(torch.bfloat16)                  # from the GGUF, and written
+    (d,) = [p for p in tmp_path.iterdir()]
+    assert "bfloat16" in d.name and list(d.glob("*.safetensors")) and not d.name.startswith(".")
+    tok2, again = models._bundled_dense(torch.bfloat16)                 # read back
+    a, b = first.state_dict(), again.state_dict()
+    assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+    ca, cb = first.config.to_dict(), again.config.to_dict()
+    ca.pop("_name_or_path"), cb.pop("_name_or_path")
+    assert ca == cb
+    assert tok.get_vocab() == tok2.get_vocab() and tok.chat_template == tok2.chat_template
+    text = "def f(x):\n    return {'a': 1} 🎉 café"
+    assert tok(text).input_ids == tok2(text).input_ids
+    assert (tok.eos_token, tok.bos_token, tok.pad_token) == (tok2.eos_token, tok2.bos_token, tok2.pad_token)

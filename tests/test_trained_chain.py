@@ -19,10 +19,9 @@ KINDS = ["draft", "early-exit"]
 
 
 def _prompts(n):
-    out = []
-    for w in ("code", "json", "extraction", "chat", "creative"):
-        out += list(WORKLOADS[w].prompts[:2])
-    return out[:n]
+    """n prompts, one workload after another (code, JSON, extraction, chat, creative, then their seconds)."""
+    ws = ("code", "json", "extraction", "chat", "creative")
+    return [WORKLOADS[w].prompts[i] for i in range(2) for w in ws][:n]
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +30,13 @@ def bf16():
     return load("bundled", dtype="bf16", device="cpu")
 
 
+@pytest.mark.parametrize("n", [3, pytest.param(10, marks=pytest.mark.long)])
 @pytest.mark.parametrize("kind", KINDS)
-def test_greedy_equals_plain_decoding(bundled_fp32, kind, one_thread):
+def test_greedy_equals_plain_decoding(bundled_fp32, kind, n, one_thread):
     lm = bundled_fp32
     drafter = make(kind, lm)
-    prompts = _prompts(10)
-    assert len(prompts) == 10
+    prompts = _prompts(n)
+    assert len(prompts) == n
     for p in prompts:
         ids = lm.encode(p)
         base, _, _ = run(lm, make("none", lm), ids, max_new_tokens=24, detail=False)
@@ -221,3 +221,20 @@ def test_the_shipped_draft_loads_once_per_target(bundled):
     assert a.lm is b.lm and a is not b
     a.begin([1, 2]), b.begin([1, 2])
     assert a.cache is not b.cache
+
+
+def test_early_exit_drafters_share_one_network_until_the_exit_changes(one_thread):
+    """A batch makes a drafter per row: they share the network the backend prepared, and an exit whose weights
+    change in place (a training step) gets a new one, so no row drafts from stale weights."""
+    from tests.tiny import tiny_lm
+    t = tiny_lm(1, forward="ours")
+    ex = ee.Exit(t.model, 1).float().eval()
+    a, b = ee.EarlyExit(t, ex), ee.EarlyExit(t, ex)
+    assert a.be is b.be
+    ids = torch.tensor([4, 7, 1, 9])
+    before = a.be.forward(ids, a.be.new_cache(), last_only=True)
+    with torch.no_grad():
+        ex.layer.mlp.down_proj.weight.mul_(2.0)
+    c = ee.EarlyExit(t, ex)
+    assert c.be is not a.be
+    assert not torch.equal(c.be.forward(ids, c.be.new_cache(), last_only=True), before)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import weakref
 from pathlib import Path
 
 import torch
@@ -101,6 +102,30 @@ def manifest(path: Path | None = None) -> dict:
     return json.loads(Path(path or WEIGHTS / "early-exit.manifest.json").read_text())
 
 
+# A batch makes one drafter per row, and each would read the weights file and have the backend prepare the same
+# network (on the fast path, int8 copies of the trunk's products): both are made once, per target and per exit.
+_SHIPPED: "weakref.WeakKeyDictionary[nn.Module, Exit]" = weakref.WeakKeyDictionary()   # target model -> its exit
+_BUILT: "weakref.WeakKeyDictionary[Exit, tuple]" = weakref.WeakKeyDictionary()   # exit -> ((model, forward), versions, parts)
+
+
+def network(target: LM, ex: Exit) -> tuple:
+    """(trunk, net, head rows, backend) of the exit `ex` on `target`; remade when its weights changed in place
+    (a training loop's exit: tensors count their in-place updates)."""
+    versions = tuple(p._version for p in ex.parameters())
+    got = _BUILT.get(ex)
+    if got is not None and got[0][0] is target.model and got[0][1] is target.fwd and got[1] == versions:
+        return got[2]
+    ex.to(target.device, target.dtype).eval()
+    tr = trunk(target.model, ex.layers)
+    net = stack(target.model, list(tr.layers) + [ex.layer], ex.norm)
+    w = target.model.get_output_embeddings().weight
+    head_w = ex.vocab.head(w) if ex.vocab is not None else w   # [v, d]: the target's rows
+    # the target's backend runs the same trunk blocks (shared with the target's) and the exit
+    be = target.backend.derive(net, ex.layers, ex.layer, ex.norm.weight, head_w, ex.vocab)
+    _BUILT[ex] = ((target.model, target.fwd), tuple(p._version for p in ex.parameters()), (tr, net, head_w, be))
+    return tr, net, head_w, be
+
+
 class EarlyExit(CachedDraft):
     name = "early-exit"
     default_k = entry(name).default_k
@@ -109,19 +134,12 @@ class EarlyExit(CachedDraft):
         if ex is None:
             if not weights_for(self.name, target):
                 raise untrained(self.name, target)
-            ex = load_exit(target.model)
+            ex = _SHIPPED.get(target.model) or _SHIPPED.setdefault(target.model, load_exit(target.model))
         if ex.norm.weight.shape[0] != target.model.config.hidden_size:
             raise ModelError(f"early-exit weights are for hidden size {ex.norm.weight.shape[0]}, "
                              f"but {target.name} has {target.model.config.hidden_size}")
-        self.target, self.ex = target, ex.to(target.device, target.dtype).eval()
-        self.trunk = trunk(target.model, ex.layers)
-        self.net = stack(target.model, list(self.trunk.layers) + [self.ex.layer], self.ex.norm)
-        w = target.model.get_output_embeddings().weight
-        self.vocab = ex.vocab
-        self.head_w = self.vocab.head(w) if self.vocab is not None else w   # [v, d]: the target's rows
-        # the target's backend runs the same trunk blocks (shared with the target's) and the exit
-        self.be = target.backend.derive(self.net, ex.layers, self.ex.layer, self.ex.norm.weight, self.head_w,
-                                        self.vocab)
+        self.target, self.ex, self.vocab = target, ex, ex.vocab
+        self.trunk, self.net, self.head_w, self.be = network(target, ex)
         self.default_k = default_k or getattr(ex, "default_k", None) or self.default_k
         super().__init__()
 
