@@ -22,6 +22,15 @@ def bundled():
     return load("bundled", device="cpu")
 
 
+@pytest.fixture(scope="module", params=["default", "fp32"])
+def either(request, bundled, bundled_fp32):
+    """The bundled model in this machine's default dtype, then in float32 (skipped where float32 is the default:
+    the first case already ran it)."""
+    if request.param == "fp32" and bundled_fp32 is bundled:
+        pytest.skip("float32 is this machine's default dtype: the default case ran it")
+    return bundled if request.param == "default" else bundled_fp32
+
+
 @pytest.fixture(scope="session", params=DEVICES)
 def bundled_any(request, bundled):
     """The bundled model on each available device (CPU always; CUDA where a GPU exists)."""

@@ -100,7 +100,7 @@ def test_batch_sweep_drafts_medusa_trees(bundled_fp32):
     assert pt["mean_acceptance_length"] > 1.0 and pt["same_tokens_as_baseline"]
 
 
-@pytest.mark.parametrize("drafter", ["lookup", "draft"])
+@pytest.mark.parametrize("drafter", [pytest.param("lookup", marks=pytest.mark.long), "draft"])
 def test_batched_sampling_exact(tiny, tiny_draft, drafter):
     """Rows of a batch are independent exact samples: the first two tokens of each row follow the target's law."""
     prompt = [1, 2, 3, 1, 2]

@@ -167,8 +167,10 @@ CASES = [("lookup", "T0.7"), ("lookup", "T1.0-topk5-topp0.8"),
          ("medusa", "T1.0"), ("medusa", "T0.7-topk6-topp0.9"),
          ("suffix", "T0.7-topk6-topp0.9"),                  # a data-dependent tree (suffix decoding)
          ("draft", "T1.0-greedy-drafting")]                 # a model draft's argmax as a one-hot q
-LONG_CASES = {("subset", "T1.0"), ("medusa", "T0.7-topk6-topp0.9"), ("draft", "T1.0-greedy-drafting"),   # test-long
-              ("draft", "T1.0-topk5-topp0.8")}   # the quick run keeps a warped q (early exit) and a model's q (stale-q)
+# make test keeps a one-hot chain (lookup, plain and warped), a tree (suffix) and a model's q made wrong (stale-q);
+# a model's q and Medusa's trees in null cases are in tests/test_batch.py's quick run; the rest is make test-long's
+LONG_CASES = {("subset", "T1.0"), ("medusa", "T0.7-topk6-topp0.9"), ("draft", "T1.0-greedy-drafting"),
+              ("draft", "T1.0-topk5-topp0.8"), ("early-exit", "T0.7-topk6-topp0.9"), ("medusa", "T1.0")}
 NULL_TESTS = 5 * len(CASES)
 
 

@@ -195,6 +195,7 @@ def test_sampled_eagle_trees_have_the_target_law(one_thread):
     assert gof(counts, exact_joint(tgt, prompt, 2, temperature=1.0).numpy()) > ALPHA
 
 
+@pytest.mark.long
 def test_sampled_trees_with_copied_nodes_have_the_target_law(one_thread):
     """A copied continuation grafted onto the tree (deterministic candidates beside the head's) leaves the law
     alone: after a prompt that repeats a 2-gram, every first step holds copied nodes, and the first two tokens

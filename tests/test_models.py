@@ -251,6 +251,7 @@ def test_a_draft_vocabulary_head_still_scores_every_token(bundled):
     assert logits.shape[-1] == 49152 and torch.isfinite(logits).sum(-1).min() == 8192
 
 
+@pytest.mark.long   # it reads the GGUF itself: ~20 s
 def test_the_bundled_model_converted_once_reads_back_bit_for_bit(tmp_path, monkeypatch, one_thread):
     """The first load on a machine reads the GGUF and writes what it read as a model directory; the next reads
     that directory instead: the same tensors bit for bit, the same config, tokenizer and chat template."""

@@ -16,11 +16,6 @@ TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), 
         (0, 0, 0, 0), (0, 0, 1, 0), (0, 0, 0, 0, 0), (1, 0, 0, 0)]
 
 
-@pytest.fixture(scope="module", params=["default", "fp32"])
-def either(request, bundled, bundled_fp32):
-    return bundled if request.param == "default" else bundled_fp32
-
-
 @pytest.fixture(scope="module")
 def ext():
     """The built extension (csrc/span.cpp), or the test skips with why it could not be built."""

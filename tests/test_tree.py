@@ -253,6 +253,7 @@ class Truncated(Synth):
         return self.memo["t", ctx]
 
 
+@LONG
 def test_tree_verification_is_exact_when_candidates_have_no_mass():
     counts, probs, mean_len = _run_trials(WIDE, "ranked", 1.2, n=100_000, synth=Truncated)
     assert _pvalue(counts, probs) > 1e-3 and mean_len > 1.2
@@ -265,6 +266,7 @@ def test_broken_rule_is_caught(monkeypatch):
     assert _pvalue(counts, probs) < 1e-6
 
 
+@LONG   # the quick run's must-fail case is test_broken_rule_is_caught
 def test_sibling_order_matters_for_iid_without_residual(monkeypatch):
     """A second broken rule: SpecInfer's i.i.d. siblings tested against p instead of the residual."""
     monkeypatch.setattr(vt, "residual", lambda r, q: r)
