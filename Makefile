@@ -23,14 +23,14 @@ $(STAMP): requirements.txt
 
 # The forward's C++ layer loop (specdec_core/fast/native.py), built once per machine (~30 s) and again when its source
 # changes; where it cannot be built (no C++ compiler) this says why and the forward runs its TorchScript loop.
-$(NATIVE): $(STAMP) specdec_core/fast/csrc/span.cpp
+$(NATIVE): $(STAMP) specdec_core/fast/csrc/kernels.cpp
 	$(BIN)/python -m specdec_core.fast.native
 	@mkdir -p $(dir $(NATIVE)) && touch $(NATIVE)
 
 # The bundled GGUF read once and kept as a plain model directory (models._bundled_dense): every later load, the
 # app's and each test process's, then takes a second or two instead of ~20. A load converts by itself where this
 # did not run (or the file or transformers changed since).
-$(CONVERT): $(NATIVE)
+$(CONVERT): $(STAMP) | $(NATIVE)
 	$(BIN)/python -c "from specdec_core import load; load('bundled')"
 	@touch $(CONVERT)
 

@@ -384,10 +384,10 @@ if __name__ == "__main__":
     sys.stdout.write(mermaid() + "\n")
 
 
-# csrc/span.cpp's entries, each a computation a Python function also writes (bit for bit, tests/test_native.py,
+# csrc/kernels.cpp's entries, each a computation a Python function also writes (bit for bit, tests/test_native.py,
 # tests/test_q4.py) or a switch and probe of the kernels: none decides what a drafter drafts or when it stops
 NATIVE_ENTRIES = {
-    "span_layers": "fast/loop._one_row_layers", "eagle_rows": "fast/eagle_packed._rows",
+    "one_row_layers": "fast/loop._one_row_layers", "eagle_rows": "fast/eagle_packed._rows",
     "int8_product": "fast/packed.mm's int8 product",
     "draft_top": "topk of log_softmax", "dense": "fast/packed.Dense's product", "q4_products": "q4's products",
     "q4_lines": "q4's unpacking", "attend_chain": "Forward._attend (chains)", "attend_tree": "Forward._attend (trees)",
@@ -397,11 +397,11 @@ NATIVE_ENTRIES = {
 
 
 def test_the_native_module_computes_and_decides_nothing():
-    src = (ROOT / "specdec_core" / "fast" / "csrc" / "span.cpp").read_text()
+    src = (ROOT / "specdec_core" / "fast" / "csrc" / "kernels.cpp").read_text()
     bound = set(re.findall(r'm\.def\("(\w+)"', src))
     assert bound == set(NATIVE_ENTRIES), ("a C++ entry came or went: name the Python it computes, bit for bit, "
                                           f"in NATIVE_ENTRIES (new: {bound - set(NATIVE_ENTRIES)}, "
                                           f"gone: {set(NATIVE_ENTRIES) - bound})")
     # the policies (policy.py) and EAGLE's tree-growing loop are Python only
     for decision in ("deeper_pays", "tree_budget", "copy_budget", "eagle_levels", "_grow"):
-        assert decision not in src, f"csrc/span.cpp mentions {decision}: a drafter's decision belongs in Python"
+        assert decision not in src, f"csrc/kernels.cpp mentions {decision}: a drafter's decision belongs in Python"

@@ -32,7 +32,7 @@ def test_the_reference_forward_has_no_fast_path(reference):
     f = reference.fwd
     assert f.fast is None and backend.loop_name(f) == "op-by-op layer loop" and not backend.reads_q4(f)
     assert all(type(d) is Linear for b in f.blocks for d in b.products()) and type(f.head) is Linear
-    assert f.kv_dtype() == torch.float32 and backend.kernel("span_layers") is None
+    assert f.kv_dtype() == torch.float32 and backend.kernel("one_row_layers") is None
 
 
 def test_the_reference_is_the_fast_path_up_to_the_products_rounding(reference, bundled):

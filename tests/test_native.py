@@ -1,4 +1,4 @@
-"""The forward's C++ layer loop (native.py, csrc/span.cpp) against the TorchScript one it replaces: the same logits
+"""The forward's C++ layer loop (native.py, csrc/kernels.cpp) against the TorchScript one it replaces: the same logits
 and the same cache, bit for bit, for every kind of one-row call; and the TorchScript loop where it cannot run."""
 import pytest
 import torch
@@ -18,7 +18,7 @@ TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), 
 
 @pytest.fixture(scope="module")
 def ext():
-    """The built extension (csrc/span.cpp), or the test skips with why it could not be built."""
+    """The built extension (csrc/kernels.cpp), or the test skips with why it could not be built."""
     m = native.module()
     if m is None:
         pytest.skip(native.why())
@@ -27,7 +27,7 @@ def ext():
 
 @pytest.fixture
 def faithful(ext):
-    """The draft's loops, the attention loop and the 4-bit products off (csrc/span.cpp's draft_loops, own_attention,
+    """The draft's loops, the attention loop and the 4-bit products off (csrc/kernels.cpp's draft_loops, own_attention,
     q4_products): the C++ functions run ATen's ops, op for op, as the TorchScript ones do."""
     was, att, q4 = ext.draft_loops(False), ext.own_attention(False), ext.q4_products(False)
     yield ext
@@ -65,7 +65,7 @@ def test_the_cpp_loop_is_the_scripted_loop_bit_for_bit(either, faithful, monkeyp
         monkeypatch.setitem(fw._IN_PLACE, (str(f.device), f.n_kv, f.n_heads // f.n_kv, f.head_dim), probe)
     ids = lm.encode("def area(r):\n    return 3.14159 * r * r\n\n" * 16).tolist()
     runs = []
-    for loop in (ext.span_layers, fl._one_row_layers):
+    for loop in (ext.one_row_layers, fl._one_row_layers):
         monkeypatch.setattr(fl, "one_row_layers", lambda loop=loop: loop)
         runs.append(calls(lm, ids))
     (a, ka), (b, kb) = runs
@@ -85,7 +85,7 @@ def test_an_int8_draft_network_runs_the_same_in_either_loop(bundled, faithful, m
     f = fl.attach(full.derive(full.blocks[:3], full.norm, full.head))
     ids = bundled.encode("A list of primes: 2, 3, 5, 7, 11, 13, 17, 19, 23").tolist()
     outs = []
-    for loop in (ext.span_layers, fl._one_row_layers):
+    for loop in (ext.one_row_layers, fl._one_row_layers):
         monkeypatch.setattr(fl, "one_row_layers", lambda loop=loop: loop)
         c = f.new_cache()
         outs.append([f.append(torch.tensor(ids[:-4]), c)] + [f.append(torch.tensor([t]), c) for t in ids[-4:]])
@@ -94,19 +94,19 @@ def test_an_int8_draft_network_runs_the_same_in_either_loop(bundled, faithful, m
 
 def test_without_a_build_the_scripted_loop_runs_and_says_why(monkeypatch):
     monkeypatch.setenv("SPECDEC_NATIVE", "0")
-    assert native.op("span_layers") is None and native.op("eagle_rows") is None
+    assert native.op("one_row_layers") is None and native.op("eagle_rows") is None
     monkeypatch.delenv("SPECDEC_NATIVE")
     monkeypatch.setattr(native, "_state", {})
 
     def no_compiler(*a, **k):
-        raise RuntimeError("Error building extension 'specdec_span': c++: command not found")
+        raise RuntimeError("Error building extension 'specdec_kernels': c++: command not found")
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
-    assert native.op("span_layers") is None
+    assert native.op("one_row_layers") is None
     assert "could not be built" in native.why() and "command not found" in native.why()
 
 
 def test_the_cpp_eagle_level_is_the_scripted_one(either, faithful, monkeypatch):
-    """The EAGLE head's layer (a proposal's root rows, then one call per tree level) through csrc/span.cpp's
+    """The EAGLE head's layer (a proposal's root rows, then one call per tree level) through csrc/kernels.cpp's
     eagle_rows, its own loops off, and through the scripted _rows: every call's features, draft log-probs and ids
     bit for bit, over a decode (int8 products in bf16, oneDNN-packed fp32 ones in fp32)."""
     ext = faithful
@@ -140,7 +140,7 @@ def _int8_weight(N: int, K: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]
 
 @pytest.mark.parametrize("N,K", [(64, 576), (36, 1536), (8, 8224)])
 def test_the_int8_kernel_is_the_product_up_to_bf16_rounding_row_by_row(ext, N, K):
-    """csrc/span.cpp's int8 product (int16 activations, exact int32 sums; K = 8224 crosses the 8192 a lane can
+    """csrc/kernels.cpp's int8 product (int16 activations, exact int32 sums; K = 8224 crosses the 8192 a lane can
     sum without overflow): within bf16's rounding (half a unit: 2^-8 of the value) of the exact product plus what
     rounding x to int16 can move it by, and each row
     of a batch is that row alone, bit for bit (a draft stays batch-invariant)."""
@@ -243,7 +243,7 @@ def test_the_draft_loops_compute_the_eagle_head_in_fp32(bundled_fp32, ext):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_draft_top_k_is_the_log_softmax_top_k(ext, dtype):
-    """csrc/span.cpp's one-pass top-k log-probs (its own exp): torch's log_softmax values to ~1e-6, the same
+    """csrc/kernels.cpp's one-pass top-k log-probs (its own exp): torch's log_softmax values to ~1e-6, the same
     indices, largest first; rows of 4096 and of a length that leaves a tail of a vector."""
     g = torch.Generator().manual_seed(3)
     for V, k, tol in ((4096, 2, 2e-6), (4096, 8, 2e-6), (1000, 3, 2e-6), (49152, 4, 2e-5)):   # fp32 sums' error
@@ -261,7 +261,7 @@ def test_the_draft_top_k_is_the_log_softmax_top_k(ext, dtype):
 
 @pytest.fixture
 def tiles(ext):
-    """The target's attention on AMX's bf16 tiles (csrc/span.cpp's attend_tiles), or the test skips: a CPU without AMX
+    """The target's attention on AMX's bf16 tiles (csrc/kernels.cpp's attend_tiles), or the test skips: a CPU without AMX
     runs the fp32 loop, which the tests above and tests/test_forward.py cover."""
     if not ext.tile_attention():
         pytest.skip("this CPU runs no AMX tiles (the fp32 attention loop serves it)")

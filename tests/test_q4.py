@@ -1,4 +1,4 @@
-"""The bundled target's 4-bit products (q4.py, csrc/span.cpp): the tiles hold the very bf16 weights the model runs,
+"""The bundled target's 4-bit products (q4.py, csrc/kernels.cpp): the tiles hold the very bf16 weights the model runs,
 the kernel multiplies them as a product does (up to its own summation order), each row alone on either kernel,
 and the packed bf16 product comes back when they are off."""
 import os
@@ -120,7 +120,7 @@ def test_the_bundled_targets_layers_all_read_their_blocks(bundled, ext):
 
 
 def test_the_heads_lines_give_each_row_its_own_bits_and_off_onednns_product_runs(ext):
-    """An LM head's bf16 weights as the dot products' lines (q4.lines_of; csrc/span.cpp's lines_product): every row
+    """An LM head's bf16 weights as the dot products' lines (q4.lines_of; csrc/kernels.cpp's lines_product): every row
     count from 1 to 21 gives a row the bits it gets alone, within bf16's rounding of the fp32 product, with a tail of
     groups past the threads' chunks of 6; with the 4-bit products off, oneDNN's packed product (rows padded to 4)."""
     g = torch.Generator().manual_seed(5)

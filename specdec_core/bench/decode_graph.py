@@ -67,7 +67,7 @@ class StaticStep:
             c.k[l][0].index_copy_(1, slot, k.transpose(0, 1).to(c.dtype))                # [Hkv, 1, D] at slot
             c.v[l][0].index_copy_(1, slot, v.transpose(0, 1).to(c.dtype))
             a = q.new_zeros(1, Hq * D)
-            # on the CPU, a packed forward's attention is csrc/span.cpp's loop (Forward._attend): the same call here
+            # on the CPU, a packed forward's attention is csrc/kernels.cpp's loop (Forward._attend): the same call here
             own = own and kernel("attend_chain")(q, c.k[l][0], c.v[l][0], bias[0, 0], S, [0], a, [0],
                                                       f.dtype == torch.bfloat16)
             if not own:

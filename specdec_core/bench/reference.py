@@ -44,7 +44,7 @@ def machine() -> dict:
 
 
 def products() -> str:
-    """The bundled target's layer products here: "q4-amx" or "q4-dots" (csrc/span.cpp's 4-bit kernel on AMX's
+    """The bundled target's layer products here: "q4-amx" or "q4-dots" (csrc/kernels.cpp's 4-bit kernel on AMX's
     tiles or on AVX-512 BF16 dot products, fast/q4.py; with the dot products the LM head takes them too) or
     "packed" (oneDNN's bf16 product). They sum in different orders, so, as across kernel families, a
     greedy text (and an acceptance measured on it) can differ."""
@@ -55,7 +55,7 @@ def products() -> str:
 
 
 def attention() -> str:
-    """The attention a packed CPU forward runs here: "loop" (csrc/span.cpp's one loop per query, where native.py
+    """The attention a packed CPU forward runs here: "loop" (csrc/kernels.cpp's one loop per query, where native.py
     builds it and the CPU runs its AVX-512 loops) or "aten". The two round differently, so, as across kernel
     families, a greedy text (and an acceptance measured on it) can differ between them."""
     from .. import backend

@@ -19,7 +19,7 @@ round differently; verification is exact whatever the draft computes, so that ca
 What is left is mostly reading weights (fc, the layer and the draft-vocabulary LM head, once per tree level), so on
 the CPU (`int8=True`, Eagle's default there) every weight is stored in int8 with a scale per output row
 (packed.Dense's int8: half the bytes, the activations in the model dtype). The rest of a level is ~60 small ops on
-a few rows, each costing more to dispatch than to compute: where native.py builds it, a level runs csrc/span.cpp's
+a few rows, each costing more to dispatch than to compute: where native.py builds it, a level runs csrc/kernels.cpp's
 `eagle_rows`, the same layer from C++ (bitwise the scripted `_rows` with its own loops off: `draft_loops(False)`,
 tests/test_native.py; with them on, the int8 products, the head's attention and the level's top-k run as loops that
 round differently, which again can only move the draft). Which nodes a level expands, and when the tree stops, is

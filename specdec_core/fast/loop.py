@@ -2,11 +2,12 @@
 are prepared (packed.Dense). backend.py attaches it; forward.py runs without it, op by op.
 
 A one-row call (a decode step, a chain verify, a tree, a prefill, a draft model's step) runs its decoder layers as
-one function, the same ops in the same order as forward.Forward._layers, without Python between them: csrc/span.cpp's
-`span_layers` where native.py builds it (the same ATen ops from C++), else `_one_row_layers`, the TorchScript function.
+one function, the same ops in the same order as forward.Forward._layers, without Python between them:
+csrc/kernels.cpp's `one_row_layers` where native.py builds it (the same ATen ops from C++), else `_one_row_layers`,
+the TorchScript function.
 TorchScript is deprecated in torch in favour of torch.compile, but inductor cannot lower the pre-packed oneDNN product
 (an assertion on the packed weight), and scripting needs no compiler and no per-shape work. Attention runs in
-csrc/span.cpp's loop where it is built, as that loop runs it (the same bits a query). tests/test_forward.py and
+csrc/kernels.cpp's loop where it is built, as that loop runs it (the same bits a query). tests/test_forward.py and
 tests/test_native.py hold every one of these to the op-by-op loop, bit for bit.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ class Loop:
 
     def __init__(self, f):
         self.f = f
-        # every product packed (the CPU): the one-row chain runs in the loop, attention in csrc/span.cpp's
+        # every product packed (the CPU): the one-row chain runs in the loop, attention in csrc/kernels.cpp's
         self.packed = all(getattr(d, "packed", None) is not None for b in f.blocks for d in b.products())
         self.w = None   # the loop's weights, layer by layer; None: the op-by-op loop runs (tests set it so)
         self.refresh()
@@ -44,7 +45,7 @@ class Loop:
         return kernels_now()
 
     def kv_dtype(self) -> torch.dtype:
-        """fp32, but bf16 where a bf16 model's attention runs on AMX's tiles (csrc/span.cpp's attend_tiles reads keys
+        """fp32, but bf16 where a bf16 model's attention runs on AMX's tiles (csrc/kernels.cpp's attend_tiles reads keys
         and values as bf16: half the bytes a step, and the same bits as from an fp32 cache)."""
         tiles = native_op("tile_attention")
         if self.packed and self.f.dtype == torch.bfloat16 and tiles is not None and tiles():
@@ -52,7 +53,7 @@ class Loop:
         return torch.float32
 
     def attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, groups) -> torch.Tensor | None:
-        """Forward._attend's result from csrc/span.cpp's attention loop; None where it does not run (or fit)."""
+        """Forward._attend's result from csrc/kernels.cpp's attention loop; None where it does not run (or fit)."""
         if not self.packed or native_op("attend_chain") is None:
             return None
         N, Hq, D = q.shape
@@ -82,7 +83,7 @@ def attach(f):
 
 
 def _attend_own(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, groups, out: torch.Tensor, half: bool) -> bool:
-    """Forward._attend's groups through csrc/span.cpp's attention loop, into out [N, Hq D] fp32: chains row by row
+    """Forward._attend's groups through csrc/kernels.cpp's attention loop, into out [N, Hq D] fp32: chains row by row
     (their real queries), trees per row. -> False where the loop does not fit (nothing written that counts)."""
     chain, tree = native_op("attend_chain"), native_op("attend_tree")
     for kind, S, r, idx, aux, bias, span in groups:
@@ -127,7 +128,7 @@ def reads_q4(f) -> bool:
 def one_row_layers():
     """The one-row layer loop: native.py's C++ build of _one_row_layers where this machine has one (the same ATen
     ops, so the same bits, without the interpreter), else the TorchScript function. Resolved once a process."""
-    return native_op("span_layers") or _one_row_layers
+    return native_op("one_row_layers") or _one_row_layers
 
 @scripted
 def dense_rows(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: Optional[torch.Tensor], packed: bool,
@@ -158,7 +159,7 @@ def _one_row_layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale
     queries [start, start + count) over key_lens slots (slot == position), and tree groups (tree_*: a TreePlan's
     fields, the nodes tree_nodes, consecutive from tree_first or -1), the same ops in the same order (so the same
     bits), with no Python between them. scales[l]: layer l's int8 row scales of qkv, o, gate|up and down (Dense.s;
-    None where a product is not int8: always, for a target). The C++ loop (csrc/span.cpp's span_layers) takes the
+    None where a product is not int8: always, for a target). The C++ loop (csrc/kernels.cpp's one_row_layers) takes the
     same arguments in the same order.
     x [Np, H] embedded, padded to a multiple of ROWS."""
     Np = x.shape[0]

@@ -1,9 +1,9 @@
-"""The forward's layer loop and the EAGLE head's layer compiled as C++ (csrc/span.cpp) where this machine can build
+"""The forward's layer loop and the EAGLE head's layer compiled as C++ (csrc/kernels.cpp) where this machine can build
 them; TorchScript elsewhere.
 
 fast/loop._one_row_layers runs a one-row call's decoder layers (a decode step, a chain verify, a tree, a prefill) as one
 TorchScript function. Its ~90 small ops a layer each pass through TorchScript's interpreter, which boxes every
-argument and result; csrc/span.cpp calls the same ATen ops, in the same order, straight from C++, so the logits
+argument and result; csrc/kernels.cpp calls the same ATen ops, in the same order, straight from C++, so the logits
 and the cache are bitwise the same with its own loops below off (tests/test_native.py) and a step is shorter by the
 interpreter's share; the elementwise stretches (RoPE with the cache writes; RMSNorm's parts around ATen's sum, with the residual add before
 it; SwiGLU through a table of ATen's bf16 silu) and attention's row moves (queries into each key/value head's rows,
@@ -42,7 +42,7 @@ import sys
 import threading
 from pathlib import Path
 
-SRC = Path(__file__).parent / "csrc" / "span.cpp"
+SRC = Path(__file__).parent / "csrc" / "kernels.cpp"
 BUILD = Path(__file__).resolve().parents[2] / ".build" / "native"
 _lock = threading.Lock()
 _state: dict = {}
@@ -68,7 +68,7 @@ def why() -> str:
 
 
 def op(name: str):
-    """One of csrc/span.cpp's functions, or None (off, or not buildable here): `span_layers` (fast/loop._one_row_layers'
+    """One of csrc/kernels.cpp's functions, or None (off, or not buildable here): `one_row_layers` (fast/loop._one_row_layers'
     signature and bits), `eagle_rows` (fast/eagle_packed._rows'), and
     the kernels' entries and switches."""
     if not enabled():
@@ -88,7 +88,7 @@ def _build(verbose: bool):
             print(f"loading the forward's C++ layer loop ({SRC.name}; built first where it is new: ~30 s)",
                   file=sys.stderr)
         # -ffp-contract=off: no product and sum fused into an FMA, so the loops round as ATen's ops do
-        mod = cpp_extension.load("specdec_span", [str(SRC)], extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
+        mod = cpp_extension.load("specdec_kernels", [str(SRC)], extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
                                  build_directory=str(BUILD), verbose=False)
         return mod, ""
     except Exception as e:   # no compiler, no ninja, a failed build: the TorchScript loop runs instead

@@ -1,5 +1,5 @@
 """The fast path's products: each weight prepared once (oneDNN's blocked layout, or int8 with a scale per row), and
-the kernels of csrc/span.cpp that native.py builds, looked up by name.
+the kernels of csrc/kernels.cpp that native.py builds, looked up by name.
 
 `Dense` is forward.Linear with a prepared weight: the same rows padded the same way (forward.linear_rows), so a
 target's logits stay batch-invariant; oneDNN's packed product sums in another order than torch's plain one (equal to
@@ -29,7 +29,7 @@ class Dense(Linear):
 
     int8=True (a draft's weights, never the target's): W stored in int8 with one scale per output row
     (symmetric, round to nearest) where `int8_ok`, for an int8 product with the activations in W's dtype
-    (`int8_product`: csrc/span.cpp's kernel wherever native.py builds it, on every path, else ATen's weight-only
+    (`int8_product`: csrc/kernels.cpp's kernel wherever native.py builds it, on every path, else ATen's weight-only
     one): a draft's few rows are bound by the bytes they read, and int8 reads half of bf16's. The rounding
     moves the draft's logits a little, which can only move acceptance: the exact rule checks every drafted
     token. That product computes each row alone (a row's bits do not depend on the rows beside it), so a
@@ -72,7 +72,7 @@ class Dense(Linear):
 
 
 def kernels_now() -> tuple:
-    """The switches of csrc/span.cpp that decide which kernels a forward runs now (the 4-bit products, on AMX's
+    """The switches of csrc/kernels.cpp that decide which kernels a forward runs now (the 4-bit products, on AMX's
     tiles or not, the attention loop, on AMX's tiles or not): tests and benches flip them, and each kernel rounds
     its own way. None where the module is not built."""
     names = ("q4_products", "q4_amx", "tile_attention", "own_attention")
@@ -81,14 +81,14 @@ def kernels_now() -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def native_op(name: str):
-    """One of csrc/span.cpp's functions where native.py builds it (and SPECDEC_NATIVE is not 0), else None.
+    """One of csrc/kernels.cpp's functions where native.py builds it (and SPECDEC_NATIVE is not 0), else None.
     Resolved once a process."""
     from . import native
     return native.op(name)
 
 
 def int8_product(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """x [m, K] @ (w int8 [N, K] * s)^T in x's dtype: csrc/span.cpp's int8_product where it is built (its own kernel
+    """x [m, K] @ (w int8 [N, K] * s)^T in x's dtype: csrc/kernels.cpp's int8_product where it is built (its own kernel
     where it fits, else ATen's), which the C++ layer loop also calls, so a draft's products are the same bits on
     every path; ATen's weight-only int8 product elsewhere."""
     op = native_op("int8_product")
@@ -139,13 +139,13 @@ def product_of(x: torch.Tensor, w: torch.Tensor, s: Optional[torch.Tensor], b: O
 
 def mm(d: Dense, x: torch.Tensor) -> torch.Tensor:
     """x [m, in] @ W^T (+ b) in W's dtype, with the prepared weight where Dense has one; an int8 weight through
-    native.py's int8 product where it is built (the C++ loops' own kernel: csrc/span.cpp's int8_product)."""
+    native.py's int8 product where it is built (the C++ loops' own kernel: csrc/kernels.cpp's int8_product)."""
     return d(x) if d.s is not None else product_of(x, *parts(d))   # int8: Dense's own call, no padding either way
 
 
 def top_logprobs(y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """y [n, v] logits -> (the k largest log-softmax values of each row, fp32 [n, k], their indices [n, k]), largest
-    first: csrc/span.cpp's one-pass loop where native.py builds it (a top-2 of 4096 logits through torch.topk cost
+    first: csrc/kernels.cpp's one-pass loop where native.py builds it (a top-2 of 4096 logits through torch.topk cost
     30 us), else torch's."""
     op = native_op("draft_top")
     if op is not None:

@@ -3,7 +3,7 @@
 The bundled file stores every layer's weights as Q4_1: blocks of 32 along a row, each w = d q + m with d and m fp16
 and q in 0..15 (ggml's format; llama.cpp reads it as is). Loading unpacks them into bf16, rounding d q + m once;
 those bf16 values are the model we run. A one-token step is bound by reading those weights (270 MB a token in bf16):
-csrc/span.cpp's 4-bit product reads the blocks instead and unpacks each one into
+csrc/kernels.cpp's 4-bit product reads the blocks instead and unpacks each one into
 the very same bf16 values in registers (d q is exact in fp32, so its fused d q + m rounds as the file's mul then
 add does), then multiplies them with fp32 sums on AMX's tiles (or, asked for, AVX-512 BF16 dot products). Each output
 element is one sum in one order whatever rows come with it, so the forward stays batch-invariant; on AMX that order
@@ -114,7 +114,7 @@ def dequantize(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tenso
 
 
 def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """q [N, K] u8, d, m [N, K / 32] fp16 -> the kernel's tiles [N / 16, K / 32, 320] u8 (csrc/span.cpp)."""
+    """q [N, K] u8, d, m [N, K / 32] fp16 -> the kernel's tiles [N / 16, K / 32, 320] u8 (csrc/kernels.cpp)."""
     N, K = q.shape
     G, B = N // 16, K // 32
     e = q.view(G, 16, B, 16, 2).permute(0, 2, 3, 1, 4).reshape(G, B, 16, 32)   # line kk, element 2 n + parity
@@ -124,7 +124,7 @@ def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def unpacked(lines: torch.Tensor) -> torch.Tensor:
-    """The kernel's unpacked lines [G, B, 16, 32] (csrc/span.cpp's q4_lines) -> the weights [16 G, 32 B] in row
+    """The kernel's unpacked lines [G, B, 16, 32] (csrc/kernels.cpp's q4_lines) -> the weights [16 G, 32 B] in row
     order: line kk's element 2 n + parity is weight (16 g + n, 32 b + 2 kk + parity)."""
     G, B = lines.shape[:2]
     return lines.view(G, B, 16, 16, 2).permute(0, 3, 1, 2, 4).reshape(G * 16, B * 32)
@@ -222,7 +222,7 @@ def lines_of(w: torch.Tensor) -> torch.Tensor:
 
 def attach_head(dense) -> bool:
     """Where the layers take the dot products (no AMX), the LM head takes them too, from its bf16 weights laid out
-    as lines (Dense.q4 holds them; csrc/span.cpp's lines_product): each row alone, nothing padded. oneDNN's
+    as lines (Dense.q4 holds them; csrc/kernels.cpp's lines_product): each row alone, nothing padded. oneDNN's
     packed product stays beside it (q4_products(False) switches back). -> whether it did."""
     w = dense.w
     if w.dtype != torch.bfloat16 or w.dim() != 2 or w.shape[0] % 16 or w.shape[1] % 32 or dense.s is not None \

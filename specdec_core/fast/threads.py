@@ -1,6 +1,6 @@
 """The CPU's worker threads belong to the thread that called the model: give them back when it is done.
 
-torch's intra-op parallelism (and csrc/span.cpp's loops through it) is OpenMP. Under GNU OpenMP (libgomp, what
+torch's intra-op parallelism (and csrc/kernels.cpp's loops through it) is OpenMP. Under GNU OpenMP (libgomp, what
 torch's Linux wheels ship) every thread that opens a parallel region gets a team of its own workers, kept until
 that thread exits. Between regions the workers spin for a while, so the next region starts at once; a decode step
 opens over a hundred regions, so that spinning is much of its speed. But libgomp spins only while the process holds no

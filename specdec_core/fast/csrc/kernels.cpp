@@ -1,6 +1,6 @@
-// forward._span_layers in C++: the same ATen ops in the same order, so the same bits, without TorchScript's
+// fast/loop._one_row_layers in C++: the same ATen ops in the same order, so the same bits, without TorchScript's
 // interpreter between them (forward.py's module docstring says why each op is there; native.py loads this).
-// Keep it in step with _span_layers, tree_attention, attention_rows, _dense, rms_norm, rotate and _pad_to:
+// Keep it in step with _one_row_layers, tree_attention, attention_rows, _dense, rms_norm, rotate and _pad_to:
 // tests/test_native.py holds the two bitwise equal. Drafts' products and EAGLE's level also have loops of their own
 // (int8_product, draft_attention, draft_top), which round differently; draft_loops(false) turns them off for that test.
 #include <torch/extension.h>
@@ -199,7 +199,7 @@ static Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 }
 
 // q|k roped and scaled, fp32 [Np, Hq + Hkv, D], with the first N rows' keys and values written into the cache row
-// (kr, vr [Hkv, C, D] from slot s0): _span_layers' rotate, scale and two cache writes. One loop where the operands
+// (kr, vr [Hkv, C, D] from slot s0): _one_row_layers' rotate, scale and two cache writes. One loop where the operands
 // are as a CPU call has them (qkv contiguous bf16 or fp32, fp32 tables, an fp32 or bf16 cache), else those ATen ops.
 // The loop is bitwise the ops: each element is the same IEEE products and sum, rounded alike (no contraction into an
 // FMA: built with -ffp-contract=off), the conversions from bf16 are exact, and a bf16 cache's keys are rounded once
@@ -931,7 +931,7 @@ static Tensor dense(const Tensor& x, const Tensor& w, OptT s, const OptT& b, int
 }
 
 // Attention's query rows and output rows, moved by plain loops (copies and one rounding each, so the same bits as
-// the permutes, reshapes, pads and conversions of _span_layers and tree_attention, in one pass each).
+// the permutes, reshapes, pads and conversions of _one_row_layers and tree_attention, in one pass each).
 //
 // head_rows: q [n, Hq, D] fp32 (heads D apart, any row stride) -> [Hkv, R', D], the G query heads of key/value head
 // h as its rows: row i G + g for node i (a tree's layout) or g n + i (a chain's), zero rows up to a multiple of
@@ -1730,7 +1730,7 @@ AMX_TARGET static void attend_rows_tiles(const TileCall& tc, int64_t call, TileS
   }
 }
 
-// a call's TileCall from its nodes' visible slots (the same in every layer: span_layers makes it once)
+// a call's TileCall from its nodes' visible slots (the same in every layer: one_row_layers makes it once)
 static TileCall tile_call(const std::vector<std::vector<int64_t>>& vis, int64_t Hq, int64_t Hkv) {
   TileCall tc;
   tc.n = vis.size();
@@ -1867,7 +1867,7 @@ static bool attend_tree(const Tensor& q, const Tensor& kr, const Tensor& vr, con
   return true;
 }
 
-Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor& scale, const Tensors& biases,
+Tensor one_row_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor& scale, const Tensors& biases,
                    const Ints& starts, const Ints& counts, const Ints& key_lens, const Tensors& ln1,
                    const Tensors& qkv_w, const OptTensors& qkv_b, const Tensors& o_w, const OptTensors& o_b,
                    const Tensors& ln2, const Tensors& gu_w, const Tensors& down_w,
@@ -1897,7 +1897,7 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
     // the attention output in x's dtype, [Np, Hq D]: each element converted once, as .to(dtype) converts it
     auto att = many ? at::zeros({Np, Hq * D}, x.options()) : at::empty({Np, Hq * D}, x.options());
     TORCH_CHECK(qk.is_contiguous() && qk.scalar_type() == at::kFloat &&
-                (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat), "span_layers: bf16 or fp32");
+                (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat), "one_row_layers: bf16 or fp32");
     const bool half = x.scalar_type() == at::kBFloat16, own = own_attention_fits(qk, kr, D, half);
     if (own && seen.empty()) {
       seen.resize(starts.size() + t_idx.size());
@@ -1926,7 +1926,7 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
       auto k = kr.slice(1, 0, S).to(at::kFloat).unsqueeze(0), v = vr.slice(1, 0, S).to(at::kFloat).unsqueeze(0);
       auto q = head_rows(qk.slice(0, a, a + n).slice(1, 0, Hq), Hkv, rows, false).unsqueeze(0);   // [1, Hkv, R', D]
       auto o = attention_rows(q, k, v, biases[j]);                                              // [1, Hkv, R', D]
-      TORCH_CHECK(o.stride(3) == 1, "span_layers: attention output rows");
+      TORCH_CHECK(o.stride(3) == 1, "one_row_layers: attention output rows");
       const int64_t os[3] = {o.stride(1), o.stride(2), n * o.stride(2)};
       scatter_heads(o.data_ptr<float>(), os, att, nullptr, a, n, Hq, Hkv, D);
     }
@@ -1940,7 +1940,7 @@ Tensor span_layers(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor&
       auto q = a >= 0 ? qk.slice(0, a, a + n).slice(1, 0, Hq) : qk.slice(1, 0, Hq).index({t_idx[j]});
       auto o = tree_attention(q, kr, vr, Hkv, t_S[j], t_Sk[j], t_base[j], t_gather[j], t_bias[j], t_inv[j],
                               t_slow[j], t_slow_gather[j], t_rescore[j], rows);                 // [Hkv, n, G, D]
-      TORCH_CHECK(o.stride(3) == 1, "span_layers: tree output rows");
+      TORCH_CHECK(o.stride(3) == 1, "one_row_layers: tree output rows");
       const int64_t os[3] = {o.stride(0), o.stride(1), o.stride(2)};
       const auto idx = a >= 0 ? Tensor() : t_idx[j].to(at::kLong).contiguous();
       scatter_heads(o.data_ptr<float>(), os, att, a >= 0 ? nullptr : idx.data_ptr<int64_t>(), a, n, Hq, Hkv, D);
@@ -2220,7 +2220,7 @@ std::tuple<Tensor, Tensor, Tensor> eagle_rows(
 // Both release the GIL while they run, as a TorchScript call does: a forward is ~20 ms of work that touches no
 // Python object, and the app's other sessions and its server keep going meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("span_layers", &span_layers, "forward._span_layers, op for op", py::call_guard<py::gil_scoped_release>());
+  m.def("one_row_layers", &one_row_layers, "fast/loop._one_row_layers, op for op", py::call_guard<py::gil_scoped_release>());
   m.def("eagle_rows", &eagle_rows, "drafters/eagle_packed._rows, op for op", py::call_guard<py::gil_scoped_release>());
   m.def("int8_product", &int8_product, "x @ (w * s)^T for a draft's int8 weights (the kernel where it fits, else ATen's)",
         py::call_guard<py::gil_scoped_release>());
