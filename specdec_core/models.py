@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,7 +248,10 @@ def _bundled_dense(dt: torch.dtype):
     st = src.stat()
     d = CONVERTED / f"{st.st_size}-{int(st.st_mtime)}-{str(dt).removeprefix('torch.')}-{transformers.__version__}"
     if (d / "config.json").exists():
-        return AutoTokenizer.from_pretrained(d), AutoModelForCausalLM.from_pretrained(d, dtype=dt)
+        try:
+            return AutoTokenizer.from_pretrained(d), AutoModelForCausalLM.from_pretrained(d, dtype=dt)
+        except Exception:   # damaged (a file deleted, a disk that filled up): converted again below
+            shutil.rmtree(d, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=_GGUF)
     try:
         model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=_GGUF, dtype=dt, **_gguf_dense())
@@ -258,8 +262,7 @@ def _bundled_dense(dt: torch.dtype):
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         tmp.rename(d)
-    except OSError:  # not writable, or another process renamed first: theirs is the same
-        import shutil
+    except Exception:  # not writable, or another process renamed first (theirs is the same): a load never fails here
         shutil.rmtree(tmp, ignore_errors=True)
     return tok, model
 

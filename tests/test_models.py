@@ -270,3 +270,8 @@ def test_the_bundled_model_converted_once_reads_back_bit_for_bit(tmp_path, monke
     text = "def f(x):\n    return {'a': 1} 🎉 café"
     assert tok(text).input_ids == tok2(text).input_ids
     assert (tok.eos_token, tok.bos_token, tok.pad_token) == (tok2.eos_token, tok2.bos_token, tok2.pad_token)
+    for f in d.glob("*.safetensors"):                                    # damaged: read from the GGUF again
+        f.unlink()
+    _, third = models._bundled_dense(torch.bfloat16)
+    c = third.state_dict()
+    assert list(d.glob("*.safetensors")) and all(torch.equal(a[k], c[k]) for k in a)
