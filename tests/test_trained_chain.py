@@ -1,7 +1,9 @@
 """Trained chain drafters (distilled draft model, early exit): exactness, shipped weights, manifests, data."""
+import gc
 import hashlib
 import json
 import math
+import weakref
 
 import pytest
 import torch
@@ -238,3 +240,7 @@ def test_early_exit_drafters_share_one_network_until_the_exit_changes(one_thread
     c = ee.EarlyExit(t, ex)
     assert c.be is not a.be
     assert not torch.equal(c.be.forward(ids, c.be.new_cache(), last_only=True), before)
+    model = weakref.ref(t.model)     # and the cache does not keep an unloaded target alive
+    del a, b, c, t
+    gc.collect()
+    assert model() is None

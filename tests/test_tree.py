@@ -227,7 +227,8 @@ WIDE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0)]
 DEEP = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0)]
 LONG = pytest.mark.long   # make test-long
 CASES = [  # every tree shape, every way of drawing siblings, both temperatures (all three in the quick run)
-    pytest.param(SMALL, "ranked", 0.7, marks=LONG), pytest.param(WIDE, "ranked", 1.2, marks=LONG), (DEEP, "ranked", 1.2),
+    pytest.param(SMALL, "ranked", 0.7, marks=LONG), pytest.param(WIDE, "ranked", 1.2, marks=LONG),
+    (DEEP, "ranked", 1.2),
     (WIDE, "iid", 0.7), pytest.param(DEEP, "iid", 1.2, marks=LONG), (SMALL, "wor", 1.2),
     pytest.param(DEEP, "wor", 0.7, marks=LONG),
 ]

@@ -105,7 +105,7 @@ def manifest(path: Path | None = None) -> dict:
 # A batch makes one drafter per row, and each would read the weights file and have the backend prepare the same
 # network (on the fast path, int8 copies of the trunk's products): both are made once, per target and per exit.
 _SHIPPED: "weakref.WeakKeyDictionary[nn.Module, Exit]" = weakref.WeakKeyDictionary()   # target model -> its exit
-_BUILT: "weakref.WeakKeyDictionary[Exit, tuple]" = weakref.WeakKeyDictionary()   # exit -> ((model, forward), versions, parts)
+_BUILT: "weakref.WeakKeyDictionary[Exit, tuple]" = weakref.WeakKeyDictionary()   # exit -> (target, versions, parts)
 
 
 def network(target: LM, ex: Exit) -> tuple:
@@ -113,7 +113,7 @@ def network(target: LM, ex: Exit) -> tuple:
     (a training loop's exit: tensors count their in-place updates)."""
     versions = tuple(p._version for p in ex.parameters())
     got = _BUILT.get(ex)
-    if got is not None and got[0][0] is target.model and got[0][1] is target.fwd and got[1] == versions:
+    if got is not None and got[0] == _which(target) and got[1] == versions:
         return got[2]
     ex.to(target.device, target.dtype).eval()
     tr = trunk(target.model, ex.layers)
@@ -122,8 +122,14 @@ def network(target: LM, ex: Exit) -> tuple:
     head_w = ex.vocab.head(w) if ex.vocab is not None else w   # [v, d]: the target's rows
     # the target's backend runs the same trunk blocks (shared with the target's) and the exit
     be = target.backend.derive(net, ex.layers, ex.layer, ex.norm.weight, head_w, ex.vocab)
-    _BUILT[ex] = ((target.model, target.fwd), tuple(p._version for p in ex.parameters()), (tr, net, head_w, be))
+    _BUILT[ex] = (_which(target), tuple(p._version for p in ex.parameters()), (tr, net, head_w, be))
     return tr, net, head_w, be
+
+
+def _which(target: LM) -> tuple:
+    """The target's model and forward, by weak reference: a cached network must not keep an unloaded model alive
+    (_SHIPPED holds the exit only as long as the model lives)."""
+    return weakref.ref(target.model), None if target.fwd is None else weakref.ref(target.fwd)
 
 
 class EarlyExit(CachedDraft):
