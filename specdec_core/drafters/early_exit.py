@@ -129,7 +129,14 @@ def network(target: LM, ex: Exit) -> tuple:
 def _which(target: LM) -> tuple:
     """The target's model and forward, by weak reference: a cached network must not keep an unloaded model alive
     (_SHIPPED holds the exit only as long as the model lives)."""
-    return weakref.ref(target.model), None if target.fwd is None else weakref.ref(target.fwd)
+    return tuple(_weak(x) for x in (target.model, target.fwd))
+
+
+def _weak(x):
+    try:
+        return weakref.ref(x)
+    except TypeError:   # None: no forward of ours attached
+        return x
 
 
 class EarlyExit(CachedDraft):
